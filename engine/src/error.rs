@@ -1,0 +1,48 @@
+//! Typed engine errors. The CLI and the server turn these into user-facing messages.
+
+use std::path::PathBuf;
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+
+    #[error("model `{0}` not found (looked for an installed model id and for a directory)")]
+    ModelNotFound(String),
+
+    #[error("{file}: {msg}")]
+    Config { file: PathBuf, msg: String },
+
+    #[error("unsupported architecture `{0}`; supported: {1}")]
+    UnknownArchitecture(String, &'static str),
+
+    #[error("{file}: tensor `{tensor}` is missing")]
+    MissingTensor { file: PathBuf, tensor: String },
+
+    #[error("{file}: tensor `{tensor}` has shape {found:?}, expected {expected:?}")]
+    ShapeMismatch { file: PathBuf, tensor: String, found: Vec<i32>, expected: Vec<i32> },
+
+    #[error("{file}: {msg}")]
+    BadWeights { file: PathBuf, msg: String },
+
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+
+    #[error("chat template: {0}")]
+    Template(String),
+
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+
+    #[error("MLX: {0}")]
+    Mlx(#[from] mlx_rs::error::Exception),
+}
+
+impl EngineError {
+    pub fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.into();
+        move |source| EngineError::Io { path, source }
+    }
+}

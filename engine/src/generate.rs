@@ -1,0 +1,256 @@
+//! The generation loop: chunked prefill, then decode with the next step queued (async_eval)
+//! while the host reads the current token, the way mlx-lm pipelines it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::transforms::{async_eval, eval};
+use mlx_rs::Array;
+use serde::Serialize;
+
+use crate::error::{EngineError, Result};
+use crate::model::LoadedModel;
+use crate::sampler::{Sampler, SamplingParams};
+use crate::tokenizer::StreamDecoder;
+
+#[derive(Debug, Clone)]
+pub struct GenerateParams {
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Generation ends before the first occurrence of any of these; the stop text is not
+    /// part of the output.
+    pub stop: Vec<String>,
+    /// Prompt tokens per prefill forward pass.
+    pub prefill_chunk: usize,
+    /// Keep going past EOS (benchmarks need a fixed number of tokens).
+    pub ignore_eos: bool,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        GenerateParams { max_tokens: 256, sampling: SamplingParams::default(), stop: vec![], prefill_chunk: 512, ignore_eos: false }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// EOS token or a stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    Cancelled,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Generation {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub finish_reason: FinishReason,
+    pub prompt_tokens: usize,
+    /// Prompt arrival to first sampled token.
+    pub ttft: Duration,
+    /// First token to last token.
+    pub decode_time: Duration,
+}
+
+impl Generation {
+    pub fn prefill_tokens_per_sec(&self) -> f64 {
+        self.prompt_tokens as f64 / self.ttft.as_secs_f64().max(1e-9)
+    }
+
+    /// Tokens after the first, over the time after the first.
+    pub fn decode_tokens_per_sec(&self) -> f64 {
+        let n = self.tokens.len().saturating_sub(1);
+        if n == 0 {
+            return 0.0;
+        }
+        n as f64 / self.decode_time.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Generate from `prompt` token ids. `on_text` receives each new piece of text as soon as it
+/// is known to be final (whole UTF-8, not part of a possible stop string). Setting `cancel`
+/// ends the loop within one step.
+pub fn generate(
+    model: &LoadedModel,
+    prompt: &[u32],
+    params: &GenerateParams,
+    cancel: Option<&AtomicBool>,
+    mut on_text: impl FnMut(&str),
+) -> Result<Generation> {
+    if prompt.is_empty() {
+        return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+    }
+    if params.max_tokens == 0 {
+        return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into()));
+    }
+    if prompt.len() >= model.context_length {
+        return Err(EngineError::InvalidRequest(format!(
+            "the prompt has {} tokens; this model's context is {}",
+            prompt.len(),
+            model.context_length
+        )));
+    }
+    let max_tokens = params.max_tokens.min(model.context_length - prompt.len());
+    let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Relaxed));
+    let start = Instant::now();
+    let mut sampler = Sampler::new(params.sampling.clone(), model.vocab_size, prompt)?;
+    let mut caches = model.net.new_caches();
+
+    // Prefill all but the last prompt token in chunks, evaluating only the caches (the logits
+    // of these positions are never needed, so MLX never computes them).
+    let (head, last) = prompt.split_at(prompt.len() - 1);
+    for chunk in head.chunks(params.prefill_chunk.max(1)) {
+        if cancelled() {
+            return Ok(cancelled_early(prompt.len(), start));
+        }
+        model.net.forward(&token_array(chunk), &mut caches)?;
+        eval(caches.iter().flat_map(|c| c.state()))?;
+    }
+
+    let mut step = |input: &Array, caches: &mut [crate::kv_cache::KvCache]| -> Result<Array> {
+        let logits = model.net.forward(input, caches)?;
+        let last = logits.index((.., -1, ..));
+        sampler.sample(&last)
+    };
+
+    let mut y = step(&token_array(last), &mut caches)?;
+    async_eval([&y])?;
+
+    let mut tokens = Vec::new();
+    let mut text = String::new();
+    let mut decoder = StreamDecoder::new();
+    let mut stops = StopMatcher::new(&params.stop);
+    let mut ttft = Duration::ZERO;
+    let mut first_at = start;
+    let mut finish = FinishReason::Length;
+    for n in 0..max_tokens {
+        // Queue step n+1 before the host waits on token n.
+        let next = if n + 1 < max_tokens {
+            let next = step(&y.reshape(&[1, 1])?, &mut caches)?;
+            async_eval([&next])?;
+            Some(next)
+        } else {
+            None
+        };
+        let id: u32 = y.try_item_cast().map_err(|e| EngineError::Mlx(mlx_rs::error::Exception::custom(e.to_string())))?;
+        if n == 0 {
+            first_at = Instant::now();
+            ttft = first_at - start;
+        }
+        if !params.ignore_eos && model.tokenizer.is_eos(id) {
+            finish = FinishReason::Stop;
+            break;
+        }
+        tokens.push(id);
+        let piece = decoder.push(&model.tokenizer, id)?;
+        let (ready, hit) = stops.push(&piece);
+        if !ready.is_empty() {
+            on_text(&ready);
+            text.push_str(&ready);
+        }
+        if hit {
+            finish = FinishReason::Stop;
+            break;
+        }
+        if cancelled() {
+            finish = FinishReason::Cancelled;
+            break;
+        }
+        match next {
+            Some(next) => y = next,
+            None => break,
+        }
+    }
+    if !stops.hit {
+        let tail = decoder.flush(&model.tokenizer)?;
+        let (ready, _) = stops.push(&tail);
+        let rest = format!("{ready}{}", stops.finish());
+        if !rest.is_empty() {
+            on_text(&rest);
+            text.push_str(&rest);
+        }
+    }
+    Ok(Generation {
+        text,
+        prompt_tokens: prompt.len(),
+        ttft,
+        decode_time: first_at.elapsed(),
+        tokens,
+        finish_reason: finish,
+    })
+}
+
+fn token_array(ids: &[u32]) -> Array {
+    Array::from_slice(ids, &[1, ids.len() as i32])
+}
+
+fn cancelled_early(prompt_tokens: usize, start: Instant) -> Generation {
+    Generation {
+        text: String::new(),
+        tokens: vec![],
+        finish_reason: FinishReason::Cancelled,
+        prompt_tokens,
+        ttft: start.elapsed(),
+        decode_time: Duration::ZERO,
+    }
+}
+
+/// Finds stop strings across token boundaries, holding back only the text that could still
+/// turn out to be the start of one.
+pub struct StopMatcher {
+    stops: Vec<String>,
+    pending: String,
+    hit: bool,
+}
+
+impl StopMatcher {
+    pub fn new(stops: &[String]) -> StopMatcher {
+        StopMatcher { stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(), pending: String::new(), hit: false }
+    }
+
+    /// Add text; returns what is safe to emit and whether a stop string was found (text from
+    /// the stop string on is dropped).
+    pub fn push(&mut self, piece: &str) -> (String, bool) {
+        if self.hit {
+            return (String::new(), true);
+        }
+        self.pending.push_str(piece);
+        if let Some(at) = self.stops.iter().filter_map(|s| self.pending.find(s.as_str())).min() {
+            let out = self.pending[..at].to_string();
+            self.pending.clear();
+            self.hit = true;
+            return (out, true);
+        }
+        let hold = self.longest_partial_suffix();
+        let cut = self.pending.len() - hold;
+        let out = self.pending[..cut].to_string();
+        self.pending.drain(..cut);
+        (out, false)
+    }
+
+    /// The generation ended without a stop string: what was held back is output after all.
+    pub fn finish(&mut self) -> String {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// Length of the longest suffix of `pending` that is a proper prefix of some stop string.
+    fn longest_partial_suffix(&self) -> usize {
+        let p = &self.pending;
+        let mut best = 0;
+        for stop in &self.stops {
+            for len in (1..stop.len().min(p.len() + 1)).rev() {
+                if len <= best {
+                    break;
+                }
+                if p.is_char_boundary(p.len() - len) && stop.is_char_boundary(len) && p.ends_with(&stop[..len]) {
+                    best = len;
+                    break;
+                }
+            }
+        }
+        best
+    }
+}

@@ -1,0 +1,19 @@
+//! Perch's engine: loads MLX / Hugging Face-layout models and generates text with them.
+//!
+//! The desktop shell and the `perch` CLI are thin users of this library; nothing here knows
+//! about Tauri.
+
+pub mod bench;
+pub mod error;
+pub mod generate;
+pub mod kv_cache;
+pub mod model;
+pub mod paths;
+pub mod platform;
+pub mod sampler;
+pub mod tokenizer;
+
+pub use error::{EngineError, Result};
+pub use generate::{generate, FinishReason, GenerateParams, Generation};
+pub use model::{load_model, LoadedModel};
+pub use sampler::SamplingParams;

@@ -1,0 +1,158 @@
+//! `perch`: the headless command line of Perch's engine.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use perch_engine::model::{self, list_installed};
+use perch_engine::paths::{models_dir, DEFAULT_MODEL_ID};
+use perch_engine::tokenizer::ChatMessage;
+use perch_engine::{bench, generate, GenerateParams, SamplingParams};
+
+#[derive(Parser)]
+#[command(name = "perch", version, about = "Run local language models on MLX")]
+struct Cli {
+    /// Where installed models live (default: the platform data directory; env PERCH_MODELS_DIR).
+    #[arg(long, global = true)]
+    models_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text for a prompt and stream it to stdout.
+    Run {
+        /// Installed model id or a model directory.
+        #[arg(long, short)]
+        model: Option<String>,
+        #[arg(long, default_value_t = 256)]
+        max_tokens: usize,
+        /// Sampling temperature; 0 is greedy.
+        #[arg(long, default_value_t = 0.0)]
+        temp: f32,
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f32,
+        #[arg(long, default_value_t = 0)]
+        top_k: u32,
+        #[arg(long, default_value_t = 0.0)]
+        min_p: f32,
+        #[arg(long, default_value_t = 1.0)]
+        repetition_penalty: f32,
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Stop before this text (repeatable).
+        #[arg(long)]
+        stop: Vec<String>,
+        /// Send the prompt as is, without the model's chat template.
+        #[arg(long)]
+        raw: bool,
+        /// Print token counts and speeds to stderr when done.
+        #[arg(long, short)]
+        verbose: bool,
+        prompt: String,
+    },
+    /// List installed models.
+    Models {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Measure prefill and decode speed, time to first token and peak memory.
+    Bench {
+        #[arg(long, short)]
+        model: Option<String>,
+        /// Measurements per figure (the median is reported).
+        #[arg(long, default_value_t = 1)]
+        runs: usize,
+        #[arg(long, default_value_t = 128)]
+        decode_tokens: usize,
+        /// Print only the JSON report.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PERCH_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("perch: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn load(spec: Option<String>, dir: &std::path::Path) -> anyhow::Result<perch_engine::LoadedModel> {
+    let spec = spec.unwrap_or_else(|| DEFAULT_MODEL_ID.to_string());
+    let path = model::resolve(&spec, dir).map_err(|e| {
+        anyhow::anyhow!("{e}\n  models directory: {}\n  run `scripts/setup` to install the default model, or pass --model PATH", dir.display())
+    })?;
+    Ok(model::load_model(&path)?)
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let dir = cli.models_dir.unwrap_or_else(models_dir);
+    match cli.command {
+        Command::Run { model, max_tokens, temp, top_p, top_k, min_p, repetition_penalty, seed, stop, raw, verbose, prompt } => {
+            let model = load(model, &dir)?;
+            let ids = if !raw && model.tokenizer.has_chat_template() {
+                model.tokenizer.encode_chat(&[ChatMessage { role: "user".into(), content: prompt }])?
+            } else {
+                model.tokenizer.encode(&prompt, true)?
+            };
+            let sampling = SamplingParams { temperature: temp, top_p, top_k, min_p, repetition_penalty, seed, ..Default::default() };
+            let params = GenerateParams { max_tokens, sampling, stop, ..Default::default() };
+            let mut out = std::io::stdout().lock();
+            let g = generate(&model, &ids, &params, None, |piece| {
+                let _ = out.write_all(piece.as_bytes());
+                let _ = out.flush();
+            })?;
+            let _ = writeln!(out);
+            if verbose {
+                eprintln!(
+                    "prompt {} tok, {:.1} tok/s | generated {} tok, {:.1} tok/s | ttft {:.3} s | finish {:?}",
+                    g.prompt_tokens,
+                    g.prefill_tokens_per_sec(),
+                    g.tokens.len(),
+                    g.decode_tokens_per_sec(),
+                    g.ttft.as_secs_f64(),
+                    g.finish_reason
+                );
+            }
+        }
+        Command::Models { json } => {
+            let models = list_installed(&dir);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&models)?);
+            } else if models.is_empty() {
+                println!("no models installed in {}", dir.display());
+            } else {
+                for m in models {
+                    println!(
+                        "{:<32} {:<8} {:>8.1} MB  ctx {:<7} {}",
+                        m.id,
+                        m.architecture,
+                        m.size_bytes as f64 / 1e6,
+                        m.context_length.map(|c| c.to_string()).unwrap_or_else(|| "?".into()),
+                        m.quantization.unwrap_or_default()
+                    );
+                }
+            }
+        }
+        Command::Bench { model, runs, decode_tokens, json } => {
+            let model = load(model, &dir)?;
+            let report = bench::run(&model, runs, decode_tokens)?;
+            if !json {
+                print!("{}", report.table());
+            }
+            println!("{}", serde_json::to_string(&report)?);
+        }
+    }
+    Ok(())
+}

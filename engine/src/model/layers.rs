@@ -1,0 +1,387 @@
+//! Small pieces every architecture shares: linear layers (dense or MLX affine-quantized),
+//! embeddings, RMS norm, rotary embeddings, attention and the SwiGLU MLP.
+
+use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::ops;
+use mlx_rs::{Array, Dtype};
+
+use super::weights::Weights;
+use super::ModelConfig;
+use crate::error::{EngineError, Result};
+use crate::kv_cache::KvCache;
+
+/// MLX affine quantization parameters of one layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QuantSpec {
+    pub group_size: i32,
+    pub bits: i32,
+}
+
+pub enum Linear {
+    Dense { weight: Array, bias: Option<Array> },
+    Quantized { weight: Array, scales: Array, biases: Array, bias: Option<Array>, spec: QuantSpec },
+}
+
+impl Linear {
+    /// Load `{prefix}.weight` (and `.scales`/`.biases` when quantized) for an `in -> out` map.
+    pub fn load(w: &mut Weights, cfg: &ModelConfig, prefix: &str, inp: i32, out: i32, bias: bool) -> Result<Linear> {
+        let bias = if bias { Some(w.take(&format!("{prefix}.bias"), &[out])?) } else { None };
+        if let Some(spec) = quant_of(w, cfg, prefix)? {
+            let (weight, scales, biases) = load_quantized(w, prefix, inp, out, spec)?;
+            return Ok(Linear::Quantized { weight, scales, biases, bias, spec });
+        }
+        let weight = w.take(&format!("{prefix}.weight"), &[out, inp])?;
+        Ok(Linear::Dense { weight, bias })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let y = match self {
+            Linear::Dense { weight, bias: Some(b) } => ops::addmm(b, x, weight.t(), None, None)?,
+            Linear::Dense { weight, bias: None } => x.matmul(weight.t())?,
+            Linear::Quantized { weight, scales, biases, bias, spec } => {
+                let y = ops::quantized_matmul(x, weight, scales, biases, true, spec.group_size, spec.bits)?;
+                match bias {
+                    Some(b) => y.add(b)?,
+                    None => y,
+                }
+            }
+        };
+        Ok(y)
+    }
+}
+
+/// Token embeddings; also serves as the output projection when embeddings are tied.
+pub enum Embedding {
+    Dense(Array),
+    Quantized { weight: Array, scales: Array, biases: Array, spec: QuantSpec },
+}
+
+impl Embedding {
+    pub fn load(w: &mut Weights, cfg: &ModelConfig, prefix: &str, vocab: i32, hidden: i32) -> Result<Embedding> {
+        if let Some(spec) = quant_of(w, cfg, prefix)? {
+            let (weight, scales, biases) = load_quantized(w, prefix, hidden, vocab, spec)?;
+            return Ok(Embedding::Quantized { weight, scales, biases, spec });
+        }
+        Ok(Embedding::Dense(w.take(&format!("{prefix}.weight"), &[vocab, hidden])?))
+    }
+
+    pub fn forward(&self, ids: &Array) -> Result<Array> {
+        Ok(match self {
+            Embedding::Dense(table) => table.take_axis(ids, 0)?,
+            Embedding::Quantized { weight, scales, biases, spec } => ops::dequantize(
+                weight.take_axis(ids, 0)?,
+                scales.take_axis(ids, 0)?,
+                &biases.take_axis(ids, 0)?,
+                spec.group_size,
+                spec.bits,
+            )?,
+        })
+    }
+
+    /// `x @ table.T`: the tied language-model head.
+    pub fn as_linear(&self, x: &Array) -> Result<Array> {
+        Ok(match self {
+            Embedding::Dense(table) => x.matmul(table.t())?,
+            Embedding::Quantized { weight, scales, biases, spec } => {
+                ops::quantized_matmul(x, weight, scales, biases, true, spec.group_size, spec.bits)?
+            }
+        })
+    }
+}
+
+fn quant_of(w: &Weights, cfg: &ModelConfig, prefix: &str) -> Result<Option<QuantSpec>> {
+    if !w.contains(&format!("{prefix}.scales")) {
+        return Ok(None);
+    }
+    cfg.quant_for(prefix).map(Some).ok_or_else(|| EngineError::BadWeights {
+        file: w.file_of(&format!("{prefix}.scales")),
+        msg: format!("`{prefix}` is quantized but config.json has no `quantization` section"),
+    })
+}
+
+fn load_quantized(w: &mut Weights, prefix: &str, inp: i32, out: i32, spec: QuantSpec) -> Result<(Array, Array, Array)> {
+    let packed = inp * spec.bits / 32;
+    let groups = inp / spec.group_size;
+    let name = format!("{prefix}.weight");
+    let file = w.file_of(&name);
+    let weight = w.take_raw(&name)?;
+    if weight.shape() != [out, packed] || weight.dtype() != Dtype::Uint32 {
+        return Err(EngineError::ShapeMismatch {
+            file,
+            tensor: name,
+            found: weight.shape().to_vec(),
+            expected: vec![out, packed],
+        });
+    }
+    // Scales stay in the compute dtype: bf16 scales are ~8x slower on the CPU backend.
+    let scales = w.take(&format!("{prefix}.scales"), &[out, groups])?;
+    let biases = w.take(&format!("{prefix}.biases"), &[out, groups])?;
+    Ok((weight, scales, biases))
+}
+
+pub struct RmsNorm {
+    weight: Array,
+    eps: f32,
+}
+
+impl RmsNorm {
+    pub fn load(w: &mut Weights, name: &str, dim: i32, eps: f32) -> Result<RmsNorm> {
+        Ok(RmsNorm { weight: w.take(&format!("{name}.weight"), &[dim])?, eps })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
+    }
+}
+
+/// Rotary position embedding, with the scalings Llama-family configs use.
+pub enum Rope {
+    Base { dims: i32, base: f32, scale: f32, traditional: bool },
+    /// Explicit per-dimension periods (Llama 3 scaling), passed to MLX's fused kernel.
+    Freqs { dims: i32, freqs: Array, traditional: bool },
+}
+
+impl Rope {
+    pub fn from_config(cfg: &ModelConfig, dims: i32, base: f32) -> Result<Rope> {
+        let traditional = cfg.bool_or("rope_traditional", false);
+        let Some(scaling) = cfg.raw.get("rope_scaling").filter(|v| !v.is_null()) else {
+            return Ok(Rope::Base { dims, base, scale: 1.0, traditional });
+        };
+        let kind = scaling
+            .get("rope_type")
+            .or_else(|| scaling.get("type"))
+            .and_then(|v| v.as_str())
+            .unwrap_or("default");
+        let num = |key: &str, default: f64| scaling.get(key).and_then(|v| v.as_f64()).unwrap_or(default);
+        match kind {
+            "default" => Ok(Rope::Base { dims, base, scale: 1.0, traditional }),
+            "linear" => Ok(Rope::Base { dims, base, scale: 1.0 / num("factor", 1.0) as f32, traditional }),
+            "llama3" => {
+                let freqs = llama3_periods(
+                    dims,
+                    base as f64,
+                    num("factor", 8.0),
+                    num("low_freq_factor", 1.0),
+                    num("high_freq_factor", 4.0),
+                    num("original_max_position_embeddings", 8192.0),
+                );
+                Ok(Rope::Freqs { dims, freqs: Array::from_slice(&freqs, &[freqs.len() as i32]), traditional })
+            }
+            other => Err(EngineError::Config {
+                file: cfg.file.clone(),
+                msg: format!("rope_scaling type `{other}` is not supported (default, linear, llama3 are)"),
+            }),
+        }
+    }
+
+    pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
+        Ok(match self {
+            Rope::Base { dims, base, scale, traditional } => {
+                fast::rope(x, *dims, *traditional, *base, *scale, offset, None)?
+            }
+            Rope::Freqs { dims, freqs, traditional } => {
+                fast::rope(x, *dims, *traditional, None, 1.0, offset, freqs)?
+            }
+        })
+    }
+}
+
+/// Llama 3's frequency-dependent stretch: long wavelengths are slowed by `factor`, short ones
+/// kept, and the band between is interpolated. Returns periods (base^(2i/d)), as MLX expects.
+fn llama3_periods(dims: i32, base: f64, factor: f64, low: f64, high: f64, old_ctx: f64) -> Vec<f32> {
+    let low_wavelen = old_ctx / low;
+    let high_wavelen = old_ctx / high;
+    (0..dims / 2)
+        .map(|i| {
+            let period = base.powf(2.0 * i as f64 / dims as f64);
+            let wavelen = 2.0 * std::f64::consts::PI * period;
+            let p = if wavelen > low_wavelen { period * factor } else { period };
+            if wavelen > high_wavelen && wavelen < low_wavelen {
+                let smooth = (old_ctx / wavelen - low) / (high - low);
+                (p / ((1.0 - smooth) / factor + smooth)) as f32
+            } else {
+                p as f32
+            }
+        })
+        .collect()
+}
+
+/// Shape of one attention layer.
+pub struct AttentionShape {
+    pub hidden: i32,
+    pub heads: i32,
+    pub kv_heads: i32,
+    pub head_dim: i32,
+    pub qkv_bias: bool,
+    pub out_bias: bool,
+    /// Per-head RMS norm on queries and keys (Qwen 3), with this epsilon.
+    pub qk_norm_eps: Option<f32>,
+}
+
+pub struct Attention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    rope: Rope,
+    heads: i32,
+    kv_heads: i32,
+    head_dim: i32,
+    scale: f32,
+}
+
+impl Attention {
+    pub fn load(w: &mut Weights, cfg: &ModelConfig, prefix: &str, s: &AttentionShape, rope: Rope) -> Result<Attention> {
+        let (q_out, kv_out) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
+        let norm = |w: &mut Weights, n: &str| -> Result<Option<RmsNorm>> {
+            s.qk_norm_eps.map(|eps| RmsNorm::load(w, &format!("{prefix}.{n}"), s.head_dim, eps)).transpose()
+        };
+        Ok(Attention {
+            q: Linear::load(w, cfg, &format!("{prefix}.q_proj"), s.hidden, q_out, s.qkv_bias)?,
+            k: Linear::load(w, cfg, &format!("{prefix}.k_proj"), s.hidden, kv_out, s.qkv_bias)?,
+            v: Linear::load(w, cfg, &format!("{prefix}.v_proj"), s.hidden, kv_out, s.qkv_bias)?,
+            o: Linear::load(w, cfg, &format!("{prefix}.o_proj"), q_out, s.hidden, s.out_bias)?,
+            q_norm: norm(w, "q_norm")?,
+            k_norm: norm(w, "k_norm")?,
+            rope,
+            heads: s.heads,
+            kv_heads: s.kv_heads,
+            head_dim: s.head_dim,
+            scale: (s.head_dim as f32).powf(-0.5),
+        })
+    }
+
+    /// `x`: [B, L, hidden]. Appends this step's keys/values to `cache`.
+    pub fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let split = |y: Array, heads: i32, norm: &Option<RmsNorm>| -> Result<Array> {
+            let y = y.reshape(&[b, l, heads, self.head_dim])?;
+            let y = match norm {
+                Some(n) => n.forward(&y)?,
+                None => y,
+            };
+            Ok(y.transpose_axes(&[0, 2, 1, 3])?)
+        };
+        let q = split(self.q.forward(x)?, self.heads, &self.q_norm)?;
+        let k = split(self.k.forward(x)?, self.kv_heads, &self.k_norm)?;
+        let v = split(self.v.forward(x)?, self.kv_heads, &None)?;
+        let offset = cache.offset();
+        let q = self.rope.forward(&q, offset)?;
+        let k = self.rope.forward(&k, offset)?;
+        let (k, v) = cache.update_and_fetch(&k, &v)?;
+        // MLX's causal mode aligns the mask to the bottom right, which is what a prefix in the
+        // cache needs. A single query sees everything, so it needs no mask.
+        let mask = (l > 1).then_some(ScaledDotProductAttentionMask::Causal);
+        let out = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask, None)?;
+        let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * self.head_dim])?;
+        self.o.forward(&out)
+    }
+}
+
+/// SwiGLU feed-forward: down(silu(gate(x)) * up(x)).
+pub struct Mlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+impl Mlp {
+    pub fn load(w: &mut Weights, cfg: &ModelConfig, prefix: &str, hidden: i32, inter: i32, bias: bool) -> Result<Mlp> {
+        Ok(Mlp {
+            gate: Linear::load(w, cfg, &format!("{prefix}.gate_proj"), hidden, inter, bias)?,
+            up: Linear::load(w, cfg, &format!("{prefix}.up_proj"), hidden, inter, bias)?,
+            down: Linear::load(w, cfg, &format!("{prefix}.down_proj"), inter, hidden, bias)?,
+        })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let g = mlx_rs::nn::silu(self.gate.forward(x)?)?;
+        self.down.forward(&g.multiply(self.up.forward(x)?)?)
+    }
+}
+
+/// The pre-norm decoder block of the Llama family:
+/// h = x + attn(norm1(x)); out = h + mlp(norm2(h)).
+pub struct PreNormBlock {
+    pub input_norm: RmsNorm,
+    pub attention: Attention,
+    pub post_attention_norm: RmsNorm,
+    pub mlp: Mlp,
+}
+
+impl PreNormBlock {
+    pub fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
+        let h = x.add(self.attention.forward(&self.input_norm.forward(x)?, cache)?)?;
+        Ok(h.add(self.mlp.forward(&self.post_attention_norm.forward(&h)?)?)?)
+    }
+}
+
+/// Embeddings, a stack of pre-norm blocks, a final norm and the output head: the whole of a
+/// Llama-family decoder. The architecture files decide how each piece is shaped.
+pub struct DecoderStack {
+    pub embed: Embedding,
+    pub blocks: Vec<PreNormBlock>,
+    pub norm: RmsNorm,
+    /// `None` when the head is tied to the embeddings.
+    pub lm_head: Option<Linear>,
+}
+
+impl DecoderStack {
+    pub fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
+        let mut h = self.embed.forward(tokens)?;
+        for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
+            h = block.forward(&h, cache)?;
+        }
+        let h = self.norm.forward(&h)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&h),
+            None => self.embed.as_linear(&h),
+        }
+    }
+
+}
+
+/// How a Llama-family stack is shaped; the architecture files fill this in from config.json.
+pub struct StackShape {
+    pub attention: AttentionShape,
+    pub layers: i32,
+    pub intermediate: i32,
+    pub vocab: i32,
+    pub norm_eps: f32,
+    pub rope_base: f32,
+    pub mlp_bias: bool,
+}
+
+impl DecoderStack {
+    /// Load `model.embed_tokens`, `model.layers.N.*`, `model.norm` and `lm_head` (absent when
+    /// the embeddings are tied).
+    pub fn load(cfg: &ModelConfig, w: &mut Weights, s: &StackShape) -> Result<DecoderStack> {
+        let hidden = s.attention.hidden;
+        let embed = Embedding::load(w, cfg, "model.embed_tokens", s.vocab, hidden)?;
+        let mut blocks = Vec::with_capacity(s.layers as usize);
+        for i in 0..s.layers {
+            let p = format!("model.layers.{i}");
+            // Some exports carry precomputed rotary tables; they are derived from the config.
+            w.remove_unused(&format!("{p}.self_attn.rotary_emb.inv_freq"));
+            let rope = Rope::from_config(cfg, s.attention.head_dim, s.rope_base)?;
+            blocks.push(PreNormBlock {
+                input_norm: RmsNorm::load(w, &format!("{p}.input_layernorm"), hidden, s.norm_eps)?,
+                attention: Attention::load(w, cfg, &format!("{p}.self_attn"), &s.attention, rope)?,
+                post_attention_norm: RmsNorm::load(w, &format!("{p}.post_attention_layernorm"), hidden, s.norm_eps)?,
+                mlp: Mlp::load(w, cfg, &format!("{p}.mlp"), hidden, s.intermediate, s.mlp_bias)?,
+            });
+        }
+        let norm = RmsNorm::load(w, "model.norm", hidden, s.norm_eps)?;
+        let tied = match cfg.raw.get("tie_word_embeddings").and_then(|v| v.as_bool()) {
+            Some(tied) => tied,
+            None => !w.contains("lm_head.weight"),
+        };
+        if tied {
+            w.remove_unused("lm_head.weight");
+        }
+        let lm_head = if tied { None } else { Some(Linear::load(w, cfg, "lm_head", hidden, s.vocab, false)?) };
+        Ok(DecoderStack { embed, blocks, norm, lm_head })
+    }
+}

@@ -1,0 +1,239 @@
+//! Model directories in the Hugging Face / MLX layout, and the architectures Perch runs.
+//!
+//! One file per architecture; `layers` holds the pieces they share.
+
+pub mod layers;
+pub mod llama;
+pub mod qwen2;
+pub mod qwen3;
+pub mod weights;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use mlx_rs::{Array, Dtype};
+use serde_json::Value;
+
+use crate::error::{EngineError, Result};
+use crate::kv_cache::KvCache;
+use crate::tokenizer::Tokenizer;
+use layers::QuantSpec;
+use weights::Weights;
+
+pub const SUPPORTED_ARCHITECTURES: &str = "llama, qwen2, qwen3";
+
+/// A decoder-only language model.
+pub trait Architecture: Send {
+    /// `tokens`: [B, L] int32 → logits [B, L, vocab]; appends to `caches` (one per layer).
+    fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array>;
+    fn num_layers(&self) -> usize;
+    fn new_caches(&self) -> Vec<KvCache> {
+        (0..self.num_layers()).map(|_| KvCache::new()).collect()
+    }
+}
+
+/// `config.json`, kept raw so each architecture reads its own keys, with typed accessors that
+/// name the file when a key is missing or mistyped.
+pub struct ModelConfig {
+    pub file: PathBuf,
+    pub raw: Value,
+    quant_default: Option<QuantSpec>,
+    quant_overrides: HashMap<String, Option<QuantSpec>>,
+}
+
+impl ModelConfig {
+    pub fn read(dir: &Path) -> Result<ModelConfig> {
+        let file = dir.join("config.json");
+        let text = std::fs::read_to_string(&file).map_err(EngineError::io(&file))?;
+        let raw: Value = serde_json::from_str(&text)
+            .map_err(|e| EngineError::Config { file: file.clone(), msg: format!("not valid JSON: {e}") })?;
+        if !raw.is_object() {
+            return Err(EngineError::Config { file, msg: "expected a JSON object".into() });
+        }
+        let mut cfg = ModelConfig { file, raw, quant_default: None, quant_overrides: HashMap::new() };
+        cfg.read_quantization()?;
+        Ok(cfg)
+    }
+
+    fn read_quantization(&mut self) -> Result<()> {
+        let Some(q) = self.raw.get("quantization").or_else(|| self.raw.get("quantization_config")).cloned() else {
+            return Ok(());
+        };
+        let spec = |v: &Value| -> Option<QuantSpec> {
+            Some(QuantSpec {
+                group_size: v.get("group_size")?.as_i64()? as i32,
+                bits: v.get("bits")?.as_i64()? as i32,
+            })
+        };
+        if let Some(mode) = q.get("mode").and_then(|m| m.as_str()) {
+            if mode != "affine" {
+                return Err(self.err(format!("quantization mode `{mode}` is not supported (affine is)")));
+            }
+        }
+        self.quant_default = Some(spec(&q).ok_or_else(|| self.err("`quantization` needs group_size and bits".into()))?);
+        for (key, value) in q.as_object().into_iter().flatten() {
+            if value.is_object() {
+                self.quant_overrides.insert(key.clone(), spec(value));
+            } else if value == &Value::Bool(false) {
+                self.quant_overrides.insert(key.clone(), None);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn quant_for(&self, prefix: &str) -> Option<QuantSpec> {
+        match self.quant_overrides.get(prefix) {
+            Some(spec) => *spec,
+            None => self.quant_default,
+        }
+    }
+
+    pub fn err(&self, msg: String) -> EngineError {
+        EngineError::Config { file: self.file.clone(), msg }
+    }
+
+    pub fn str(&self, key: &str) -> Result<&str> {
+        self.raw.get(key).and_then(|v| v.as_str()).ok_or_else(|| self.err(format!("missing string `{key}`")))
+    }
+
+    pub fn int(&self, key: &str) -> Result<i32> {
+        self.raw.get(key).and_then(|v| v.as_i64()).map(|v| v as i32).ok_or_else(|| self.err(format!("missing integer `{key}`")))
+    }
+
+    pub fn int_or(&self, key: &str, default: i32) -> Result<i32> {
+        match self.raw.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(_) => self.int(key),
+        }
+    }
+
+    pub fn float_or(&self, key: &str, default: f64) -> Result<f64> {
+        match self.raw.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(v) => v.as_f64().ok_or_else(|| self.err(format!("`{key}` must be a number"))),
+        }
+    }
+
+    pub fn bool_or(&self, key: &str, default: bool) -> bool {
+        self.raw.get(key).and_then(|v| v.as_bool()).unwrap_or(default)
+    }
+
+    /// Token ids listed under `key` (an integer or a list of integers).
+    pub fn token_ids(&self, key: &str) -> Vec<u32> {
+        match self.raw.get(key) {
+            Some(Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
+            Some(Value::Array(list)) => list.iter().filter_map(|v| v.as_u64()).map(|n| n as u32).collect(),
+            _ => vec![],
+        }
+    }
+}
+
+/// A model ready to generate: weights, tokenizer and what the rest of the engine needs to know.
+pub struct LoadedModel {
+    pub id: String,
+    pub dir: PathBuf,
+    pub architecture: String,
+    pub net: Box<dyn Architecture>,
+    pub tokenizer: Tokenizer,
+    pub vocab_size: usize,
+    pub context_length: usize,
+    pub compute_dtype: Dtype,
+}
+
+impl std::fmt::Debug for LoadedModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedModel").field("id", &self.id).field("architecture", &self.architecture).finish()
+    }
+}
+
+/// Find a model by installed id (a directory name under `models_dir`) or by path.
+pub fn resolve(spec: &str, models_dir: &Path) -> Result<PathBuf> {
+    let as_path = PathBuf::from(spec);
+    if as_path.join("config.json").exists() {
+        return Ok(as_path);
+    }
+    let installed = models_dir.join(spec);
+    if installed.join("config.json").exists() {
+        return Ok(installed);
+    }
+    Err(EngineError::ModelNotFound(spec.to_string()))
+}
+
+/// Load a model directory: config, weights (checked against the architecture) and tokenizer.
+pub fn load_model(dir: &Path) -> Result<LoadedModel> {
+    let cfg = ModelConfig::read(dir)?;
+    let architecture = cfg.str("model_type")?.to_string();
+    let mut weights = Weights::load(dir)?;
+    let net: Box<dyn Architecture> = match architecture.as_str() {
+        "llama" => Box::new(llama::Llama::load(&cfg, &mut weights)?),
+        "qwen2" => Box::new(qwen2::Qwen2::load(&cfg, &mut weights)?),
+        "qwen3" => Box::new(qwen3::Qwen3::load(&cfg, &mut weights)?),
+        other => return Err(EngineError::UnknownArchitecture(other.to_string(), SUPPORTED_ARCHITECTURES)),
+    };
+    let leftover = weights.leftover();
+    if !leftover.is_empty() {
+        return Err(EngineError::BadWeights {
+            file: weights.file_of(&leftover[0]),
+            msg: format!(
+                "{} tensor(s) not used by the `{architecture}` architecture, e.g. `{}`",
+                leftover.len(),
+                leftover[0]
+            ),
+        });
+    }
+    let tokenizer = Tokenizer::load(dir, &cfg)?;
+    let id = dir.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
+    Ok(LoadedModel {
+        id,
+        dir: dir.to_path_buf(),
+        architecture,
+        vocab_size: cfg.int("vocab_size")? as usize,
+        context_length: cfg.int_or("max_position_embeddings", 4096)? as usize,
+        compute_dtype: weights.compute_dtype(),
+        net,
+        tokenizer,
+    })
+}
+
+/// Installed models: every directory under `models_dir` with a config.json.
+pub fn list_installed(models_dir: &Path) -> Vec<InstalledModel> {
+    let Ok(entries) = std::fs::read_dir(models_dir) else { return vec![] };
+    let mut models: Vec<InstalledModel> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.join("config.json").exists())
+        .map(|dir| InstalledModel::describe(&dir))
+        .collect();
+    models.sort_by(|a, b| a.id.cmp(&b.id));
+    models
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct InstalledModel {
+    pub id: String,
+    pub path: PathBuf,
+    pub architecture: String,
+    pub context_length: Option<u64>,
+    pub quantization: Option<String>,
+    pub size_bytes: u64,
+}
+
+impl InstalledModel {
+    fn describe(dir: &Path) -> InstalledModel {
+        let cfg: Value = std::fs::read_to_string(dir.join("config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or(Value::Null);
+        let size_bytes = std::fs::read_dir(dir)
+            .map(|it| it.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum())
+            .unwrap_or(0);
+        InstalledModel {
+            id: dir.file_name().and_then(|n| n.to_str()).unwrap_or("").to_string(),
+            path: dir.to_path_buf(),
+            architecture: cfg.get("model_type").and_then(|v| v.as_str()).unwrap_or("?").to_string(),
+            context_length: cfg.get("max_position_embeddings").and_then(|v| v.as_u64()),
+            quantization: cfg.get("quantization").map(|q| format!("{}-bit", q.get("bits").and_then(|b| b.as_u64()).unwrap_or(0))),
+            size_bytes,
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! Where Perch keeps things on disk.
+
+use std::path::PathBuf;
+
+/// The id `perch run` / `perch serve` use when no model is named.
+pub const DEFAULT_MODEL_ID: &str = "gemma-3-270m";
+
+/// The models directory: `$PERCH_MODELS_DIR`, else the platform data directory
+/// (`~/Library/Application Support/dev.Perch.Perch/models` on macOS,
+/// `~/.local/share/perch/models` on Linux).
+pub fn models_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PERCH_MODELS_DIR") {
+        return PathBuf::from(dir);
+    }
+    directories::ProjectDirs::from("dev", "Perch", "Perch")
+        .map(|d| d.data_dir().join("models"))
+        .unwrap_or_else(|| PathBuf::from(".perch/models"))
+}

@@ -1,0 +1,34 @@
+//! What differs between macOS (Metal) and Linux (CPU wheel): the compute dtype and one
+//! missing symbol.
+
+use mlx_rs::Dtype;
+
+/// The dtype activations and dense weights are computed in.
+///
+/// On Apple Silicon the file's dtype (bf16/f16) is fastest. On the Linux CPU backend MLX's
+/// bf16 and f16 kernels bypass BLAS and are ~40x slower than f32 over OpenBLAS
+/// (shared/MEASUREMENTS.md), so we widen to f32 at load. `PERCH_DTYPE=f32|bf16|f16|native`
+/// overrides the choice.
+pub fn compute_dtype(file_dtype: Dtype) -> Dtype {
+    match std::env::var("PERCH_DTYPE").ok().as_deref() {
+        Some("f32") | Some("float32") => return Dtype::Float32,
+        Some("bf16") | Some("bfloat16") => return Dtype::Bfloat16,
+        Some("f16") | Some("float16") => return Dtype::Float16,
+        Some("native") => return file_dtype,
+        _ => {}
+    }
+    if cfg!(target_os = "macos") {
+        file_dtype
+    } else {
+        Dtype::Float32
+    }
+}
+
+/// mlx-rs seeds its default random state with Apple's `mach_approximate_time`, which only
+/// exists on Darwin. On Linux we provide it from the monotonic clock.
+#[cfg(not(target_os = "macos"))]
+#[no_mangle]
+pub extern "C" fn mach_approximate_time() -> u64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+}

@@ -1,0 +1,192 @@
+//! Token sampling, done with MLX ops so the decode loop can queue the next step before the
+//! current token reaches the host (see `generate`).
+
+use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
+use mlx_rs::ops::{self, argpartition_axis, cumsum};
+use mlx_rs::{random, Array};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{EngineError, Result};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// Nucleus sampling; 1.0 disables.
+    pub top_p: f32,
+    /// Keep only the k most likely tokens; 0 disables.
+    pub top_k: u32,
+    /// Drop tokens whose probability is below `min_p` times the top one's; 0 disables.
+    pub min_p: f32,
+    /// Divides positive logits (multiplies negative ones) of every token already in the
+    /// prompt or the output; 1.0 disables.
+    pub repetition_penalty: f32,
+    /// Subtracted once from the logit of every token already generated (OpenAI semantics).
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence of a token already generated (OpenAI semantics).
+    pub frequency_penalty: f32,
+    /// Same seed and settings give the same text. `None` picks one at random.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    pub fn greedy() -> Self {
+        Self::default()
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: &str| Err(EngineError::InvalidRequest(m.to_string()));
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad("temperature must be a finite number >= 0");
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p must be in (0, 1]");
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p must be in [0, 1]");
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return bad("repetition_penalty must be > 0");
+        }
+        if !(-2.0..=2.0).contains(&self.presence_penalty) || !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return bad("presence_penalty and frequency_penalty must be in [-2, 2]");
+        }
+        Ok(())
+    }
+}
+
+/// Per-generation sampling state, kept on the device.
+pub struct Sampler {
+    params: SamplingParams,
+    key: Array,
+    /// 1.0 for every token seen in the prompt or output (repetition penalty), shape [V].
+    seen: Option<Array>,
+    /// Occurrences of each generated token (presence / frequency penalties), shape [V].
+    counts: Option<Array>,
+    vocab: i32,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams, vocab: usize, prompt: &[u32]) -> Result<Sampler> {
+        params.validate()?;
+        let seed = params.seed.unwrap_or_else(random_seed);
+        let vocab = vocab as i32;
+        let seen = if params.repetition_penalty != 1.0 {
+            let mut mask = vec![0f32; vocab as usize];
+            for &t in prompt {
+                if let Some(m) = mask.get_mut(t as usize) {
+                    *m = 1.0;
+                }
+            }
+            Some(Array::from_slice(&mask, &[vocab]))
+        } else {
+            None
+        };
+        let counts = (params.presence_penalty != 0.0 || params.frequency_penalty != 0.0)
+            .then(|| ops::zeros::<f32>(&[vocab]))
+            .transpose()?;
+        Ok(Sampler { key: random::key(seed)?, params, seen, counts, vocab })
+    }
+
+    /// `logits`: [1, V] (any float dtype) → the chosen token id, shape [1], still lazy.
+    pub fn sample(&mut self, logits: &Array) -> Result<Array> {
+        let mut logits = logits.as_dtype(mlx_rs::Dtype::Float32)?;
+        let p = &self.params;
+        if let Some(seen) = &self.seen {
+            let penalised = ops::select(&logits.lt(&Array::from_f32(0.0))?, &logits.multiply(Array::from_f32(p.repetition_penalty))?, &logits.divide(Array::from_f32(p.repetition_penalty))?)?;
+            logits = ops::select(&seen.gt(&Array::from_f32(0.0))?, &penalised, &logits)?;
+        }
+        if let Some(counts) = &self.counts {
+            let presence = counts.gt(&Array::from_f32(0.0))?.as_dtype(mlx_rs::Dtype::Float32)?;
+            logits = logits
+                .subtract(presence.multiply(Array::from_f32(p.presence_penalty))?)?
+                .subtract(counts.multiply(Array::from_f32(p.frequency_penalty))?)?;
+        }
+        let token = if p.temperature == 0.0 {
+            argmax_axis(&logits, -1, None)?
+        } else {
+            let mut logits = logits.multiply(Array::from_f32(1.0 / p.temperature))?;
+            if p.top_k > 0 && (p.top_k as i32) < self.vocab {
+                logits = keep_top_k(&logits, p.top_k as i32)?;
+            }
+            if p.min_p > 0.0 {
+                logits = keep_min_p(&logits, p.min_p)?;
+            }
+            if p.top_p < 1.0 {
+                logits = keep_top_p(&logits, p.top_p)?;
+            }
+            let (next, sub) = random::split(&self.key, 2)?;
+            self.key = next;
+            random::categorical(&logits, -1, None, &sub)?
+        };
+        self.observe(&token)?;
+        Ok(token)
+    }
+
+    fn observe(&mut self, token: &Array) -> Result<()> {
+        if self.seen.is_none() && self.counts.is_none() {
+            return Ok(());
+        }
+        let one_hot = ops::arange::<_, i32>(None, self.vocab, None)?
+            .eq(token)?
+            .as_dtype(mlx_rs::Dtype::Float32)?;
+        if let Some(seen) = &self.seen {
+            self.seen = Some(ops::maximum(seen, &one_hot)?);
+        }
+        if let Some(counts) = &self.counts {
+            self.counts = Some(counts.add(&one_hot)?);
+        }
+        Ok(())
+    }
+}
+
+const NEG_INF: f32 = f32::NEG_INFINITY;
+
+fn keep_top_k(logits: &Array, k: i32) -> Result<Array> {
+    // The k-th largest value is the threshold; argpartition puts it at position V-k.
+    let v = logits.shape()[logits.ndim() - 1];
+    let idx = argpartition_axis(logits, v - k, -1)?;
+    let kth = logits.take_along_axis(&idx.index((.., (v - k)..(v - k + 1))), -1)?;
+    Ok(ops::select(&logits.lt(&kth)?, &Array::from_f32(NEG_INF), logits)?)
+}
+
+fn keep_min_p(logits: &Array, min_p: f32) -> Result<Array> {
+    let top = logits.max_axis(-1, true)?;
+    let threshold = top.add(Array::from_f32(min_p.ln()))?;
+    Ok(ops::select(&logits.lt(&threshold)?, &Array::from_f32(NEG_INF), logits)?)
+}
+
+fn keep_top_p(logits: &Array, top_p: f32) -> Result<Array> {
+    // Keep the smallest set of most likely tokens whose probabilities sum to at least top_p.
+    let probs = ops::softmax_axis(logits, -1, true)?;
+    let order = ops::argsort_axis(&probs.negative()?, -1)?; // descending
+    let sorted = probs.take_along_axis(&order, -1)?;
+    let before = cumsum(&sorted, -1, None, None)?.subtract(&sorted)?; // mass strictly above each
+    let keep_sorted = before.lt(&Array::from_f32(top_p))?;
+    // Scatter the keep mask back to vocabulary order.
+    let keep = ops::zeros::<bool>(logits.shape())?.put_along_axis(&order, &keep_sorted, -1)?;
+    Ok(ops::select(&keep, logits, &Array::from_f32(NEG_INF))?)
+}
+
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    h.finish()
+}

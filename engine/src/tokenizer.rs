@@ -1,0 +1,209 @@
+//! Tokenizer (`tokenizer.json`), chat template (`tokenizer_config.json`, rendered with
+//! minijinja), end-of-sequence ids, and a streaming detokenizer.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::error::{EngineError, Result};
+use crate::model::ModelConfig;
+
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    chat_template: Option<String>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    /// Every id that ends a generation: config.json, generation_config.json and the
+    /// tokenizer's own eos token.
+    eos_ids: BTreeSet<u32>,
+}
+
+impl Tokenizer {
+    pub fn load(dir: &Path, cfg: &ModelConfig) -> Result<Tokenizer> {
+        let file = dir.join("tokenizer.json");
+        if !file.exists() {
+            return Err(EngineError::Tokenizer(format!("{} is missing", file.display())));
+        }
+        let inner = tokenizers::Tokenizer::from_file(&file)
+            .map_err(|e| EngineError::Tokenizer(format!("{}: {e}", file.display())))?;
+        let tc = read_json_if_exists(&dir.join("tokenizer_config.json"))?;
+        let gen = read_json_if_exists(&dir.join("generation_config.json"))?;
+        let token_text = |v: Option<&Value>| -> Option<String> {
+            match v? {
+                Value::String(s) => Some(s.clone()),
+                Value::Object(o) => o.get("content")?.as_str().map(String::from),
+                _ => None,
+            }
+        };
+        let chat_template = match tc.get("chat_template") {
+            Some(Value::String(s)) => Some(s.clone()),
+            // A list of named templates: take "default".
+            Some(Value::Array(list)) => list
+                .iter()
+                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+                .and_then(|t| t.get("template")?.as_str().map(String::from)),
+            _ => None,
+        }
+        .or_else(|| std::fs::read_to_string(dir.join("chat_template.jinja")).ok());
+        let bos_token = token_text(tc.get("bos_token"));
+        let eos_token = token_text(tc.get("eos_token"));
+
+        let mut eos_ids: BTreeSet<u32> = cfg.token_ids("eos_token_id").into_iter().collect();
+        if let Some(ids) = gen.get("eos_token_id") {
+            match ids {
+                Value::Number(n) => eos_ids.extend(n.as_u64().map(|n| n as u32)),
+                Value::Array(l) => eos_ids.extend(l.iter().filter_map(|v| v.as_u64()).map(|n| n as u32)),
+                _ => {}
+            }
+        }
+        if let Some(id) = eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
+            eos_ids.insert(id);
+        }
+        Ok(Tokenizer { inner, chat_template, bos_token, eos_token, eos_ids })
+    }
+
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let enc = self.inner.encode(text, add_special_tokens).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids, true).map_err(|e| EngineError::Tokenizer(e.to_string()))
+    }
+
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.eos_ids.contains(&id)
+    }
+
+    pub fn eos_ids(&self) -> Vec<u32> {
+        self.eos_ids.iter().copied().collect()
+    }
+
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_template.is_some()
+    }
+
+    /// Render `messages` through the model's chat template, ending with the assistant's
+    /// turn opened when `add_generation_prompt`.
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let template = self
+            .chat_template
+            .as_deref()
+            .ok_or_else(|| EngineError::Template("this model has no chat template".into()))?;
+        let mut env = minijinja::Environment::new();
+        minijinja_contrib::add_to_environment(&mut env);
+        // Hugging Face templates call Python string methods (.strip(), .startswith(), ...).
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+        });
+        env.add_function("strftime_now", |fmt: String| -> String {
+            // Templates use this for "today's date" in system prompts; a fixed-format UTC date.
+            let _ = fmt;
+            let days = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs() / 86_400)
+                .unwrap_or(0);
+            civil_date(days as i64)
+        });
+        env.add_template("chat", template).map_err(|e| EngineError::Template(e.to_string()))?;
+        let ctx = minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token.clone().unwrap_or_default(),
+            eos_token => self.eos_token.clone().unwrap_or_default(),
+        };
+        env.get_template("chat")
+            .and_then(|t| t.render(ctx))
+            .map_err(|e| EngineError::Template(e.to_string()))
+    }
+
+    /// Tokens for a chat: the rendered template already holds any BOS text, so special tokens
+    /// are not added a second time.
+    pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        let text = self.apply_chat_template(messages, true)?;
+        self.encode(&text, false)
+    }
+}
+
+fn read_json_if_exists(path: &Path) -> Result<Value> {
+    if !path.exists() {
+        return Ok(Value::Null);
+    }
+    let text = std::fs::read_to_string(path).map_err(EngineError::io(path))?;
+    serde_json::from_str(&text).map_err(|e| EngineError::Config { file: path.to_path_buf(), msg: e.to_string() })
+}
+
+/// "26 Nov 2026" from days since the Unix epoch (Howard Hinnant's civil-from-days).
+fn civil_date(days: i64) -> String {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    format!("{d:02} {} {y}", MONTHS[(m - 1) as usize])
+}
+
+/// Turns a stream of token ids into text pieces that are always whole UTF-8 and never held
+/// back longer than needed.
+///
+/// Decoding one token at a time is wrong for byte-level and SentencePiece vocabularies (a
+/// character can span tokens; a leading-space marker depends on context), so each step
+/// decodes a short window: the tokens since the last emitted piece plus the ones before it as
+/// context, and emits only what the new tokens added. A trailing U+FFFD means an incomplete
+/// character: wait for the next token.
+pub struct StreamDecoder {
+    tokens: Vec<u32>,
+    prefix_offset: usize,
+    read_offset: usize,
+}
+
+impl StreamDecoder {
+    pub fn new() -> StreamDecoder {
+        StreamDecoder { tokens: Vec::new(), prefix_offset: 0, read_offset: 0 }
+    }
+
+    /// Add one token; returns the text it completes (possibly empty).
+    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String> {
+        self.tokens.push(id);
+        let prefix = tok.decode(&self.tokens[self.prefix_offset..self.read_offset])?;
+        let full = tok.decode(&self.tokens[self.prefix_offset..])?;
+        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.is_char_boundary(prefix.len()) {
+            let piece = full[prefix.len()..].to_string();
+            self.prefix_offset = self.read_offset;
+            self.read_offset = self.tokens.len();
+            Ok(piece)
+        } else {
+            Ok(String::new())
+        }
+    }
+
+    /// Whatever is still pending at the end of a generation (a dangling partial character
+    /// comes out as U+FFFD rather than being lost).
+    pub fn flush(&mut self, tok: &Tokenizer) -> Result<String> {
+        let prefix = tok.decode(&self.tokens[self.prefix_offset..self.read_offset])?;
+        let full = tok.decode(&self.tokens[self.prefix_offset..])?;
+        self.prefix_offset = self.tokens.len();
+        self.read_offset = self.tokens.len();
+        Ok(full.get(prefix.len()..).unwrap_or("").to_string())
+    }
+}
+
+impl Default for StreamDecoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}

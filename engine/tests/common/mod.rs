@@ -1,0 +1,55 @@
+//! Helpers shared by the engine's integration tests: the fixture models and their goldens.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use mlx_rs::Array;
+use perch_engine::{load_model, LoadedModel};
+
+pub const FIXTURES: &[&str] = &["llama", "qwen2", "qwen3", "llama-bf16", "qwen2-f16", "qwen3-4bit", "llama-8bit"];
+
+pub fn fixture_dir(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name)
+}
+
+/// Load a fixture computing in f32, as the goldens were computed (macOS would otherwise keep
+/// the bf16/f16 fixtures in their file dtype).
+pub fn load_fixture(name: &str) -> LoadedModel {
+    std::env::set_var("PERCH_DTYPE", "f32");
+    load_model(&fixture_dir(name)).unwrap_or_else(|e| panic!("loading fixture {name}: {e}"))
+}
+
+pub struct Golden {
+    pub prompt_ids: Vec<u32>,
+    pub greedy_tokens: Vec<u32>,
+    /// [L, V] logits of every prompt position, row-major.
+    pub logits: Vec<f32>,
+    pub vocab: usize,
+}
+
+pub fn golden(name: &str) -> Golden {
+    let dir = fixture_dir(name);
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    let ids = |k: &str| json[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect::<Vec<_>>();
+    let arrays = Array::load_safetensors(dir.join("golden.safetensors")).unwrap();
+    let logits = &arrays["logits"];
+    let vocab = logits.shape()[1] as usize;
+    Golden { prompt_ids: ids("prompt_ids"), greedy_tokens: ids("greedy_tokens"), logits: logits.as_slice::<f32>().to_vec(), vocab }
+}
+
+/// Logits of every prompt position from one forward pass, as [L * V] f32.
+pub fn forward_logits(model: &LoadedModel, ids: &[u32]) -> Vec<f32> {
+    let mut caches = model.net.new_caches();
+    let tokens = Array::from_slice(ids, &[1, ids.len() as i32]);
+    let logits = model.net.forward(&tokens, &mut caches).unwrap().as_dtype(mlx_rs::Dtype::Float32).unwrap();
+    logits.eval().unwrap();
+    logits.as_slice::<f32>().to_vec()
+}
+
+/// max |a - b| / max |b|.
+pub fn relative_error(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "logit counts differ");
+    let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+}
