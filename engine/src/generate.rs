@@ -254,3 +254,54 @@ impl StopMatcher {
         best
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::StopMatcher;
+
+    fn feed(stops: &[&str], pieces: &[&str]) -> (String, bool) {
+        let mut m = StopMatcher::new(&stops.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        let mut out = String::new();
+        for p in pieces {
+            let (ready, hit) = m.push(p);
+            out.push_str(&ready);
+            if hit {
+                return (out, true);
+            }
+        }
+        out.push_str(&m.finish());
+        (out, false)
+    }
+
+    #[test]
+    fn stop_across_pieces_is_cut_exactly() {
+        assert_eq!(feed(&["END"], &["abc E", "N", "D tail"]), ("abc ".into(), true));
+        assert_eq!(feed(&["\n\n"], &["one\n", "\ntwo"]), ("one".into(), true));
+    }
+
+    #[test]
+    fn earliest_of_several_stops_wins() {
+        assert_eq!(feed(&["zz", "b"], &["a", "bzz"]), ("a".into(), true));
+    }
+
+    #[test]
+    fn only_a_possible_prefix_is_held_back() {
+        let mut m = StopMatcher::new(&["STOP".into()]);
+        assert_eq!(m.push("hello S"), ("hello ".into(), false));
+        assert_eq!(m.push("T"), ("".into(), false));
+        // "STx" can no longer become "STOP": released at once.
+        assert_eq!(m.push("x"), ("STx".into(), false));
+        assert_eq!(m.push("plain"), ("plain".into(), false));
+    }
+
+    #[test]
+    fn held_text_comes_out_when_generation_ends() {
+        assert_eq!(feed(&["STOP"], &["the ST"]), ("the ST".into(), false));
+    }
+
+    #[test]
+    fn multibyte_stop_strings_and_text() {
+        assert_eq!(feed(&["🐦"], &["café ", "\u{1F426}", " after"]), ("café ".into(), true));
+        assert_eq!(feed(&["é!"], &["caf", "é", "?"]), ("café?".into(), false));
+    }
+}

@@ -190,3 +190,73 @@ fn random_seed() -> u64 {
     h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
     h.finish()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_once(s: &mut Sampler, logits: &[f32]) -> u32 {
+        let a = Array::from_slice(logits, &[1, logits.len() as i32]);
+        s.sample(&a).unwrap().try_item_cast::<u32>().unwrap()
+    }
+
+    #[test]
+    fn greedy_takes_the_argmax() {
+        let mut s = Sampler::new(SamplingParams::greedy(), 4, &[]).unwrap();
+        assert_eq!(sample_once(&mut s, &[0.1, 3.0, 2.9, -1.0]), 1);
+    }
+
+    #[test]
+    fn presence_penalty_subtracts_once_per_seen_token() {
+        let p = SamplingParams { presence_penalty: 1.5, ..Default::default() };
+        let mut s = Sampler::new(p, 3, &[]).unwrap();
+        assert_eq!(sample_once(&mut s, &[5.0, 4.0, 0.0]), 0);
+        // Token 0 now costs 1.5: 3.5 < 4.0.
+        assert_eq!(sample_once(&mut s, &[5.0, 4.0, 0.0]), 1);
+        // Both seen once: 3.5 vs 2.5 -> back to 0; presence does not grow with count.
+        assert_eq!(sample_once(&mut s, &[5.0, 4.0, 0.0]), 0);
+        assert_eq!(sample_once(&mut s, &[5.0, 4.0, 0.0]), 0);
+    }
+
+    #[test]
+    fn frequency_penalty_grows_with_count() {
+        let p = SamplingParams { frequency_penalty: 0.6, ..Default::default() };
+        let mut s = Sampler::new(p, 3, &[]).unwrap();
+        let picks: Vec<u32> = (0..3).map(|_| sample_once(&mut s, &[5.0, 4.0, 0.0])).collect();
+        // 5.0 -> 0; 4.4 vs 4.0 -> 0; 3.8 vs 4.0 -> 1.
+        assert_eq!(picks, vec![0, 0, 1]);
+    }
+
+    #[test]
+    fn repetition_penalty_covers_the_prompt_and_both_signs() {
+        let p = SamplingParams { repetition_penalty: 2.0, ..Default::default() };
+        // Token 0 is in the prompt: 5.0 / 2 = 2.5 < 3.0.
+        let mut s = Sampler::new(p.clone(), 3, &[0]).unwrap();
+        assert_eq!(sample_once(&mut s, &[5.0, 3.0, -1.0]), 1);
+        // Negative logits are multiplied: -1 * 2 = -2 < -1.5.
+        let mut s = Sampler::new(p, 3, &[2]).unwrap();
+        assert_eq!(sample_once(&mut s, &[-9.0, -1.5, -1.0]), 1);
+    }
+
+    #[test]
+    fn top_k_top_p_min_p_keep_the_expected_tokens() {
+        let logits = Array::from_slice(&[2.0f32, 1.0, 0.5, -3.0], &[1, 4]);
+        let finite = |a: Array| -> Vec<bool> { a.as_slice::<f32>().iter().map(|x| x.is_finite()).collect() };
+        assert_eq!(finite(keep_top_k(&logits, 2).unwrap()), vec![true, true, false, false]);
+        // probs ~ [0.61, 0.23, 0.14, 0.004]: 0.7 needs the first two.
+        assert_eq!(finite(keep_top_p(&logits, 0.7).unwrap()), vec![true, true, false, false]);
+        assert_eq!(finite(keep_top_p(&logits, 0.5).unwrap()), vec![true, false, false, false]);
+        // min_p 0.3: keep p >= 0.3 * 0.61 = 0.18.
+        assert_eq!(finite(keep_min_p(&logits, 0.3).unwrap()), vec![true, true, false, false]);
+    }
+
+    #[test]
+    fn seeded_sampling_follows_the_distribution() {
+        // p = softmax([ln 3, 0]) = [0.75, 0.25]; 2000 draws land within a few percent.
+        let p = SamplingParams { temperature: 1.0, seed: Some(42), ..Default::default() };
+        let mut s = Sampler::new(p, 2, &[]).unwrap();
+        let ones: usize = (0..2000).map(|_| sample_once(&mut s, &[3f32.ln(), 0.0]) as usize).sum();
+        let frac = ones as f64 / 2000.0;
+        assert!((frac - 0.25).abs() < 0.04, "token 1 drawn {frac:.3} of the time, expected 0.25");
+    }
+}
