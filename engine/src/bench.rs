@@ -22,11 +22,8 @@ pub struct BenchReport {
 }
 
 /// A fixed English passage, tokenized and repeated to the lengths we need, so runs and peers
-/// see the same token ids.
-const PASSAGE: &str = "The lighthouse keeper climbed the narrow stairs each evening, counting the \
-steps out of habit, and lit the lamp before the fishing boats came home. Over forty years he had \
-written down the weather, the ships that passed, and the birds that rested on the railing during \
-storms. ";
+/// (scripts/bench-vs-mlx-lm reads the same file) see the same token ids.
+pub const PASSAGE: &str = include_str!("bench_passage.txt");
 
 pub fn prompt_of_length(model: &LoadedModel, n: usize) -> Result<Vec<u32>> {
     let unit = model.tokenizer.encode(PASSAGE, false)?;

@@ -354,6 +354,42 @@ pub struct StackShape {
     pub mlp_bias: bool,
 }
 
+impl StackShape {
+    /// The keys every Llama-family config.json shares; architectures adjust the result.
+    pub fn from_llama_config(cfg: &ModelConfig, default_rope_base: f64) -> Result<StackShape> {
+        let hidden = cfg.int("hidden_size")?;
+        let heads = cfg.int("num_attention_heads")?;
+        let attention_bias = cfg.bool_or("attention_bias", false);
+        Ok(StackShape {
+            attention: AttentionShape {
+                hidden,
+                heads,
+                kv_heads: cfg.int_or("num_key_value_heads", heads)?,
+                head_dim: cfg.int_or("head_dim", hidden / heads)?,
+                qkv_bias: attention_bias,
+                out_bias: attention_bias,
+                qk_norm_eps: None,
+            },
+            layers: cfg.int("num_hidden_layers")?,
+            intermediate: cfg.int("intermediate_size")?,
+            vocab: cfg.int("vocab_size")?,
+            norm_eps: cfg.float_or("rms_norm_eps", 1e-6)? as f32,
+            rope_base: cfg.float_or("rope_theta", default_rope_base)? as f32,
+            mlp_bias: cfg.bool_or("mlp_bias", false),
+        })
+    }
+}
+
+impl super::Architecture for DecoderStack {
+    fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
+        DecoderStack::forward(self, tokens, caches)
+    }
+
+    fn num_layers(&self) -> usize {
+        self.blocks.len()
+    }
+}
+
 impl DecoderStack {
     /// Load `model.embed_tokens`, `model.layers.N.*`, `model.norm` and `lm_head` (absent when
     /// the embeddings are tied).

@@ -165,9 +165,9 @@ pub fn load_model(dir: &Path) -> Result<LoadedModel> {
     let architecture = cfg.str("model_type")?.to_string();
     let mut weights = Weights::load(dir)?;
     let net: Box<dyn Architecture> = match architecture.as_str() {
-        "llama" => Box::new(llama::Llama::load(&cfg, &mut weights)?),
-        "qwen2" => Box::new(qwen2::Qwen2::load(&cfg, &mut weights)?),
-        "qwen3" => Box::new(qwen3::Qwen3::load(&cfg, &mut weights)?),
+        "llama" => Box::new(llama::load(&cfg, &mut weights)?),
+        "qwen2" => Box::new(qwen2::load(&cfg, &mut weights)?),
+        "qwen3" => Box::new(qwen3::load(&cfg, &mut weights)?),
         other => return Err(EngineError::UnknownArchitecture(other.to_string(), SUPPORTED_ARCHITECTURES)),
     };
     let leftover = weights.leftover();

@@ -1,48 +1,20 @@
-//! Qwen 2 / 2.5: the Llama block with biases on the query, key and value projections.
+//! Qwen 2 / 2.5: the Llama block with biases on the query, key and value projections (none
+//! on the output projection), `head_dim` = hidden / heads, RoPE base 1e6 by default.
 
-use mlx_rs::Array;
-
-use super::layers::{AttentionShape, DecoderStack, StackShape};
+use super::layers::{DecoderStack, StackShape};
 use super::weights::Weights;
-use super::{Architecture, ModelConfig};
+use super::ModelConfig;
 use crate::error::Result;
-use crate::kv_cache::KvCache;
 
-pub struct Qwen2 {
-    stack: DecoderStack,
+pub fn shape(cfg: &ModelConfig) -> Result<StackShape> {
+    let mut s = StackShape::from_llama_config(cfg, 1_000_000.0)?;
+    s.attention.head_dim = s.attention.hidden / s.attention.heads;
+    s.attention.qkv_bias = true;
+    s.attention.out_bias = false;
+    s.mlp_bias = false;
+    Ok(s)
 }
 
-impl Qwen2 {
-    pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<Qwen2> {
-        let hidden = cfg.int("hidden_size")?;
-        let heads = cfg.int("num_attention_heads")?;
-        let shape = StackShape {
-            attention: AttentionShape {
-                hidden,
-                heads,
-                kv_heads: cfg.int_or("num_key_value_heads", heads)?,
-                head_dim: hidden / heads,
-                qkv_bias: true,
-                out_bias: false,
-                qk_norm_eps: None,
-            },
-            layers: cfg.int("num_hidden_layers")?,
-            intermediate: cfg.int("intermediate_size")?,
-            vocab: cfg.int("vocab_size")?,
-            norm_eps: cfg.float_or("rms_norm_eps", 1e-6)? as f32,
-            rope_base: cfg.float_or("rope_theta", 1_000_000.0)? as f32,
-            mlp_bias: false,
-        };
-        Ok(Qwen2 { stack: DecoderStack::load(cfg, w, &shape)? })
-    }
-}
-
-impl Architecture for Qwen2 {
-    fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
-        self.stack.forward(tokens, caches)
-    }
-
-    fn num_layers(&self) -> usize {
-        self.stack.blocks.len()
-    }
+pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<DecoderStack> {
+    DecoderStack::load(cfg, w, &shape(cfg)?)
 }

@@ -1,51 +1,18 @@
-//! Qwen 3 (dense): the Llama block without projection biases, plus a per-head RMS norm on
-//! queries and keys before RoPE, and an explicit `head_dim`.
+//! Qwen 3 (dense): the Llama block without projection biases, an explicit `head_dim`, and a
+//! per-head RMS norm on queries and keys before RoPE.
 
-use mlx_rs::Array;
-
-use super::layers::{AttentionShape, DecoderStack, StackShape};
+use super::layers::{DecoderStack, StackShape};
 use super::weights::Weights;
-use super::{Architecture, ModelConfig};
+use super::ModelConfig;
 use crate::error::Result;
-use crate::kv_cache::KvCache;
 
-pub struct Qwen3 {
-    stack: DecoderStack,
+pub fn shape(cfg: &ModelConfig) -> Result<StackShape> {
+    let mut s = StackShape::from_llama_config(cfg, 1_000_000.0)?;
+    s.attention.qk_norm_eps = Some(s.norm_eps);
+    s.mlp_bias = false;
+    Ok(s)
 }
 
-impl Qwen3 {
-    pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<Qwen3> {
-        let hidden = cfg.int("hidden_size")?;
-        let heads = cfg.int("num_attention_heads")?;
-        let norm_eps = cfg.float_or("rms_norm_eps", 1e-6)? as f32;
-        let attention_bias = cfg.bool_or("attention_bias", false);
-        let shape = StackShape {
-            attention: AttentionShape {
-                hidden,
-                heads,
-                kv_heads: cfg.int_or("num_key_value_heads", heads)?,
-                head_dim: cfg.int_or("head_dim", hidden / heads)?,
-                qkv_bias: attention_bias,
-                out_bias: attention_bias,
-                qk_norm_eps: Some(norm_eps),
-            },
-            layers: cfg.int("num_hidden_layers")?,
-            intermediate: cfg.int("intermediate_size")?,
-            vocab: cfg.int("vocab_size")?,
-            norm_eps,
-            rope_base: cfg.float_or("rope_theta", 1_000_000.0)? as f32,
-            mlp_bias: false,
-        };
-        Ok(Qwen3 { stack: DecoderStack::load(cfg, w, &shape)? })
-    }
-}
-
-impl Architecture for Qwen3 {
-    fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
-        self.stack.forward(tokens, caches)
-    }
-
-    fn num_layers(&self) -> usize {
-        self.stack.blocks.len()
-    }
+pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<DecoderStack> {
+    DecoderStack::load(cfg, w, &shape(cfg)?)
 }
