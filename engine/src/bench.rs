@@ -70,18 +70,25 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// The process's peak resident set size.
+///
+/// On Linux this is `VmHWM`, which starts afresh at exec; `getrusage`'s `ru_maxrss` keeps the
+/// peak of whatever process image ran before, so a child of a big parent would report the
+/// parent's peak.
 pub fn peak_rss_bytes() -> u64 {
+    if cfg!(target_os = "linux") {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        return status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024);
+    }
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
         return 0;
     }
-    let maxrss = usage.ru_maxrss as u64;
-    // Linux reports kilobytes, macOS bytes.
-    if cfg!(target_os = "macos") {
-        maxrss
-    } else {
-        maxrss * 1024
-    }
+    // macOS reports bytes.
+    usage.ru_maxrss as u64
 }
 
 impl BenchReport {
