@@ -78,6 +78,12 @@ ARCHS = {
                   tie_word_embeddings=True),
     "qwen3": dict(BASE, model_type="qwen3", architectures=["Qwen3ForCausalLM"], rope_theta=1000000.0,
                   tie_word_embeddings=True, head_dim=32, attention_bias=False),
+    # A window of 8 over a 26-token prompt, so the sliding layers really slide.
+    "gemma3_text": dict(BASE, model_type="gemma3_text", architectures=["Gemma3ForCausalLM"],
+                        num_hidden_layers=4, num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=32,
+                        rope_theta=1000000.0, rope_local_base_freq=10000.0, sliding_window=8,
+                        sliding_window_pattern=2, tie_word_embeddings=True, rms_norm_eps=1e-6,
+                        hidden_activation="gelu_pytorch_tanh"),
 }
 
 # name -> (architecture, storage dtype, quantization)
@@ -89,6 +95,7 @@ FIXTURES = {
     "qwen2-f16": ("qwen2", mx.float16, None),
     "qwen3-4bit": ("qwen3", mx.float32, {"group_size": 64, "bits": 4}),
     "llama-8bit": ("llama", mx.float32, {"group_size": 64, "bits": 8}),
+    "gemma3": ("gemma3_text", mx.float32, None),
 }
 
 
@@ -98,13 +105,15 @@ def random_weights(cfg: dict, seed: int) -> dict:
     heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     hd = cfg.get("head_dim", h // heads)
     qwen2 = cfg["model_type"] == "qwen2"
+    gemma = cfg["model_type"] == "gemma3_text"
 
     def lin(out, inp):
         # Scaled so activations stay O(1) and greedy choices are far from ties.
         return rng.normal(0, 1.0 / np.sqrt(inp), (out, inp)).astype(np.float32)
 
     def norm(n):
-        return (1.0 + rng.normal(0, 0.1, (n,))).astype(np.float32)
+        # Gemma's norms scale by (1 + weight).
+        return ((0.0 if gemma else 1.0) + rng.normal(0, 0.1, (n,))).astype(np.float32)
 
     w = {"model.embed_tokens.weight": rng.normal(0, 1.0, (v, h)).astype(np.float32)}
     for i in range(cfg["num_hidden_layers"]):
@@ -118,7 +127,10 @@ def random_weights(cfg: dict, seed: int) -> dict:
         if qwen2:
             for n, d in (("q", heads * hd), ("k", kv * hd), ("v", kv * hd)):
                 w[f"{p}.self_attn.{n}_proj.bias"] = rng.normal(0, 0.1, (d,)).astype(np.float32)
-        if cfg["model_type"] == "qwen3":
+        if gemma:
+            w[f"{p}.pre_feedforward_layernorm.weight"] = norm(h)
+            w[f"{p}.post_feedforward_layernorm.weight"] = norm(h)
+        if cfg["model_type"] in ("qwen3", "gemma3_text"):
             w[f"{p}.self_attn.q_norm.weight"] = norm(hd)
             w[f"{p}.self_attn.k_norm.weight"] = norm(hd)
         w[f"{p}.mlp.gate_proj.weight"] = lin(inter, h)

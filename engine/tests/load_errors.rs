@@ -38,7 +38,7 @@ fn unknown_architecture() {
     let (_t, dir) = copy_fixture("llama");
     edit_config(&dir, |c| c["model_type"] = "mamba9".into());
     let e = load_err(&dir);
-    assert!(e.contains("unsupported architecture `mamba9`") && e.contains("llama, qwen2, qwen3"), "{e}");
+    assert!(e.contains("unsupported architecture `mamba9`") && e.contains("llama, qwen2, qwen3, gemma3_text"), "{e}");
 }
 
 #[test]

@@ -8,7 +8,7 @@ use mlx_rs::{Array, Dtype};
 use super::weights::Weights;
 use super::ModelConfig;
 use crate::error::{EngineError, Result};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{AttentionMask, KvCache};
 
 /// MLX affine quantization parameters of one layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -129,6 +129,12 @@ impl RmsNorm {
         Ok(RmsNorm { weight: w.take(&format!("{name}.weight"), &[dim])?, eps })
     }
 
+    /// Gemma's norm scales by (1 + weight); folding the 1 in at load keeps the forward fused.
+    pub fn load_plus_one(w: &mut Weights, name: &str, dim: i32, eps: f32) -> Result<RmsNorm> {
+        let weight = w.take(&format!("{name}.weight"), &[dim])?;
+        Ok(RmsNorm { weight: weight.add(Array::from_f32(1.0))?, eps })
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
     }
@@ -214,8 +220,12 @@ pub struct AttentionShape {
     pub head_dim: i32,
     pub qkv_bias: bool,
     pub out_bias: bool,
-    /// Per-head RMS norm on queries and keys (Qwen 3), with this epsilon.
+    /// Per-head RMS norm on queries and keys (Qwen 3, Gemma 3), with this epsilon.
     pub qk_norm_eps: Option<f32>,
+    /// Gemma's q/k norms scale by (1 + weight).
+    pub qk_norm_plus_one: bool,
+    /// Softmax scale; default 1/sqrt(head_dim).
+    pub scale: Option<f32>,
 }
 
 pub struct Attention {
@@ -236,7 +246,13 @@ impl Attention {
     pub fn load(w: &mut Weights, cfg: &ModelConfig, prefix: &str, s: &AttentionShape, rope: Rope) -> Result<Attention> {
         let (q_out, kv_out) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
         let norm = |w: &mut Weights, n: &str| -> Result<Option<RmsNorm>> {
-            s.qk_norm_eps.map(|eps| RmsNorm::load(w, &format!("{prefix}.{n}"), s.head_dim, eps)).transpose()
+            let name = format!("{prefix}.{n}");
+            s.qk_norm_eps
+                .map(|eps| match s.qk_norm_plus_one {
+                    true => RmsNorm::load_plus_one(w, &name, s.head_dim, eps),
+                    false => RmsNorm::load(w, &name, s.head_dim, eps),
+                })
+                .transpose()
         };
         Ok(Attention {
             q: Linear::load(w, cfg, &format!("{prefix}.q_proj"), s.hidden, q_out, s.qkv_bias)?,
@@ -249,7 +265,7 @@ impl Attention {
             heads: s.heads,
             kv_heads: s.kv_heads,
             head_dim: s.head_dim,
-            scale: (s.head_dim as f32).powf(-0.5),
+            scale: s.scale.unwrap_or((s.head_dim as f32).powf(-0.5)),
         })
     }
 
@@ -270,10 +286,14 @@ impl Attention {
         let offset = cache.offset();
         let q = self.rope.forward(&q, offset)?;
         let k = self.rope.forward(&k, offset)?;
-        let (k, v) = cache.update_and_fetch(&k, &v)?;
+        let (k, v, mask) = cache.update(&k, &v)?;
         // MLX's causal mode aligns the mask to the bottom right, which is what a prefix in the
-        // cache needs. A single query sees everything, so it needs no mask.
-        let mask = (l > 1).then_some(ScaledDotProductAttentionMask::Causal);
+        // cache needs.
+        let mask = match &mask {
+            AttentionMask::None => None,
+            AttentionMask::Causal => Some(ScaledDotProductAttentionMask::Causal),
+            AttentionMask::Array(m) => Some(ScaledDotProductAttentionMask::Array(m)),
+        };
         let out = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask, None)?;
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * self.head_dim])?;
         self.o.forward(&out)
@@ -369,6 +389,8 @@ impl StackShape {
                 qkv_bias: attention_bias,
                 out_bias: attention_bias,
                 qk_norm_eps: None,
+                qk_norm_plus_one: false,
+                scale: None,
             },
             layers: cfg.int("num_hidden_layers")?,
             intermediate: cfg.int("intermediate_size")?,

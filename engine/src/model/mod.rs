@@ -2,6 +2,7 @@
 //!
 //! One file per architecture; `layers` holds the pieces they share.
 
+pub mod gemma3_text;
 pub mod layers;
 pub mod llama;
 pub mod qwen2;
@@ -20,7 +21,7 @@ use crate::tokenizer::Tokenizer;
 use layers::QuantSpec;
 use weights::Weights;
 
-pub const SUPPORTED_ARCHITECTURES: &str = "llama, qwen2, qwen3";
+pub const SUPPORTED_ARCHITECTURES: &str = "llama, qwen2, qwen3, gemma3_text";
 
 /// A decoder-only language model.
 pub trait Architecture: Send {
@@ -168,6 +169,7 @@ pub fn load_model(dir: &Path) -> Result<LoadedModel> {
         "llama" => Box::new(llama::load(&cfg, &mut weights)?),
         "qwen2" => Box::new(qwen2::load(&cfg, &mut weights)?),
         "qwen3" => Box::new(qwen3::load(&cfg, &mut weights)?),
+        "gemma3_text" => Box::new(gemma3_text::load(&cfg, &mut weights)?),
         other => return Err(EngineError::UnknownArchitecture(other.to_string(), SUPPORTED_ARCHITECTURES)),
     };
     let leftover = weights.leftover();

@@ -1,0 +1,140 @@
+//! Gemma 3 (text): sliding-window and global attention layers interleaved (every
+//! `sliding_window_pattern`-th layer is global), local RoPE base 10 000 and global 1 000 000,
+//! q/k RMS norms, RMS norms that scale by (1 + weight), four norms per block, GeGLU with the
+//! tanh GELU, embeddings scaled by sqrt(hidden), `query_pre_attn_scalar`, tied embeddings.
+
+use mlx_rs::Array;
+
+use super::layers::{Attention, AttentionShape, Embedding, Linear, RmsNorm, Rope};
+use super::weights::Weights;
+use super::{Architecture, ModelConfig};
+use crate::error::Result;
+use crate::kv_cache::KvCache;
+
+struct GeGlu {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+impl GeGlu {
+    fn forward(&self, x: &Array) -> Result<Array> {
+        let g = mlx_rs::nn::gelu_approximate(self.gate.forward(x)?)?;
+        self.down.forward(&g.multiply(self.up.forward(x)?)?)
+    }
+}
+
+struct Block {
+    input_norm: RmsNorm,
+    attention: Attention,
+    post_attention_norm: RmsNorm,
+    pre_feedforward_norm: RmsNorm,
+    mlp: GeGlu,
+    post_feedforward_norm: RmsNorm,
+}
+
+impl Block {
+    fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
+        let r = self.attention.forward(&self.input_norm.forward(x)?, cache)?;
+        let h = x.add(self.post_attention_norm.forward(&r)?)?;
+        let r = self.mlp.forward(&self.pre_feedforward_norm.forward(&h)?)?;
+        Ok(h.add(self.post_feedforward_norm.forward(&r)?)?)
+    }
+}
+
+pub struct Gemma3Text {
+    embed: Embedding,
+    embed_scale: f32,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    /// Per layer: `Some(window)` for sliding-window layers.
+    windows: Vec<Option<i32>>,
+}
+
+/// Whether layer `i` uses sliding-window attention: from `layer_types` when the config has it,
+/// else every `sliding_window_pattern`-th layer (1-based) is global.
+fn is_sliding(cfg: &ModelConfig, i: usize) -> Result<bool> {
+    if let Some(types) = cfg.raw.get("layer_types").and_then(|t| t.as_array()) {
+        return Ok(types.get(i).and_then(|t| t.as_str()) == Some("sliding_attention"));
+    }
+    let pattern = cfg.int_or("sliding_window_pattern", 6)?.max(1) as usize;
+    Ok((i + 1) % pattern != 0)
+}
+
+pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<Gemma3Text> {
+    let hidden = cfg.int("hidden_size")?;
+    let heads = cfg.int_or("num_attention_heads", 4)?;
+    let head_dim = cfg.int_or("head_dim", 256)?;
+    let eps = cfg.float_or("rms_norm_eps", 1e-6)? as f32;
+    let inter = cfg.int("intermediate_size")?;
+    let vocab = cfg.int("vocab_size")?;
+    let window = cfg.int_or("sliding_window", 512)?;
+    let shape = AttentionShape {
+        hidden,
+        heads,
+        kv_heads: cfg.int_or("num_key_value_heads", 1)?,
+        head_dim,
+        qkv_bias: false,
+        out_bias: false,
+        qk_norm_eps: Some(eps),
+        qk_norm_plus_one: true,
+        scale: Some((cfg.float_or("query_pre_attn_scalar", head_dim as f64)? as f32).powf(-0.5)),
+    };
+    let global_base = cfg.float_or("rope_theta", 1_000_000.0)? as f32;
+    let local_base = cfg.float_or("rope_local_base_freq", 10_000.0)? as f32;
+    let mut blocks = Vec::new();
+    let mut windows = Vec::new();
+    for i in 0..cfg.int("num_hidden_layers")? as usize {
+        let p = format!("model.layers.{i}");
+        let sliding = is_sliding(cfg, i)?;
+        // Sliding layers never use the long-context rope scaling.
+        let rope = if sliding {
+            Rope::Base { dims: head_dim, base: local_base, scale: 1.0, traditional: false }
+        } else {
+            Rope::from_config(cfg, head_dim, global_base)?
+        };
+        let norm = |w: &mut Weights, n: &str| RmsNorm::load_plus_one(w, &format!("{p}.{n}"), hidden, eps);
+        blocks.push(Block {
+            input_norm: norm(w, "input_layernorm")?,
+            attention: Attention::load(w, cfg, &format!("{p}.self_attn"), &shape, rope)?,
+            post_attention_norm: norm(w, "post_attention_layernorm")?,
+            pre_feedforward_norm: norm(w, "pre_feedforward_layernorm")?,
+            mlp: GeGlu {
+                gate: Linear::load(w, cfg, &format!("{p}.mlp.gate_proj"), hidden, inter, false)?,
+                up: Linear::load(w, cfg, &format!("{p}.mlp.up_proj"), hidden, inter, false)?,
+                down: Linear::load(w, cfg, &format!("{p}.mlp.down_proj"), inter, hidden, false)?,
+            },
+            post_feedforward_norm: norm(w, "post_feedforward_layernorm")?,
+        });
+        windows.push(sliding.then_some(window));
+    }
+    w.remove_unused("lm_head.weight"); // always tied
+    // The reference implementations multiply by sqrt(hidden) rounded to bf16.
+    let embed_scale = half::bf16::from_f32((hidden as f32).sqrt()).to_f32();
+    Ok(Gemma3Text {
+        embed: Embedding::load(w, cfg, "model.embed_tokens", vocab, hidden)?,
+        embed_scale,
+        blocks,
+        norm: RmsNorm::load_plus_one(w, "model.norm", hidden, eps)?,
+        windows,
+    })
+}
+
+impl Architecture for Gemma3Text {
+    fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
+        let mut h = self.embed.forward(tokens)?;
+        h = h.multiply(Array::from_f32(self.embed_scale).as_dtype(h.dtype())?)?;
+        for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
+            h = block.forward(&h, cache)?;
+        }
+        self.embed.as_linear(&self.norm.forward(&h)?)
+    }
+
+    fn num_layers(&self) -> usize {
+        self.blocks.len()
+    }
+
+    fn new_caches(&self) -> Vec<KvCache> {
+        self.windows.iter().map(|w| w.map_or_else(KvCache::new, KvCache::sliding)).collect()
+    }
+}
