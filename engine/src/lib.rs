@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod error;
 pub mod generate;
+pub mod gguf;
 pub mod kv_cache;
 pub mod model;
 pub mod paths;

@@ -53,6 +53,22 @@ enum Command {
         verbose: bool,
         prompt: String,
     },
+    /// Import a GGUF file as an installed model (MLX layout).
+    Import {
+        file: PathBuf,
+        /// Model id (directory name); default: the file name.
+        #[arg(long)]
+        name: Option<String>,
+        /// Re-quantize to MLX affine 4 or 8 bit, or `none` to keep dequantized weights.
+        #[arg(long, default_value = "none")]
+        quantize: String,
+        /// Storage dtype of dequantized weights and quantization scales: bf16 or f32.
+        #[arg(long, default_value = "bf16")]
+        dtype: String,
+        /// Replace an installed model with the same id.
+        #[arg(long)]
+        overwrite: bool,
+    },
     /// List installed models.
     Models {
         #[arg(long)]
@@ -125,6 +141,22 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     g.finish_reason
                 );
             }
+        }
+        Command::Import { file, name, quantize, dtype, overwrite } => {
+            use perch_engine::gguf::import::{import, ImportOptions, Quantize, StoreDtype};
+            let quantize = match quantize.as_str() {
+                "none" => Quantize::None,
+                "4" => Quantize::Bits(4),
+                "8" => Quantize::Bits(8),
+                other => anyhow::bail!("--quantize must be 4, 8 or none, not `{other}`"),
+            };
+            let dtype = match dtype.as_str() {
+                "bf16" => StoreDtype::Bf16,
+                "f32" => StoreDtype::F32,
+                other => anyhow::bail!("--dtype must be bf16 or f32, not `{other}`"),
+            };
+            let dir = import(&file, &dir, &ImportOptions { name, quantize, dtype, overwrite })?;
+            println!("{}", dir.display());
         }
         Command::Models { json } => {
             let models = list_installed(&dir);

@@ -1,0 +1,292 @@
+//! `perch import`: a GGUF file becomes a model directory in the MLX layout (config.json,
+//! safetensors, tokenizer files, provenance), written to a temporary directory and renamed
+//! into place, so a failed or interrupted import leaves nothing half-written.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use mlx_rs::{Array, Dtype};
+use serde_json::{json, Value};
+
+use super::{tokenizer, type_name, GgufFile};
+use crate::error::{EngineError, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quantize {
+    /// Dequantized, stored in `StoreDtype`.
+    None,
+    /// MLX affine quantization, group size 64.
+    Bits(i32),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreDtype {
+    Bf16,
+    F32,
+}
+
+pub struct ImportOptions {
+    pub name: Option<String>,
+    pub quantize: Quantize,
+    pub dtype: StoreDtype,
+    /// Replace an existing model of the same name.
+    pub overwrite: bool,
+}
+
+/// Import `gguf_path` into `models_dir`; returns the new model directory.
+pub fn import(gguf_path: &Path, models_dir: &Path, opts: &ImportOptions) -> Result<PathBuf> {
+    let g = GgufFile::open(gguf_path)?;
+    let arch = g.architecture()?.to_string();
+    let name = opts.name.clone().unwrap_or_else(|| default_name(gguf_path));
+    if name.is_empty() || name.contains('/') || name.starts_with('.') {
+        return Err(EngineError::InvalidRequest(format!("`{name}` is not a usable model name")));
+    }
+    let target = models_dir.join(&name);
+    if target.exists() && !opts.overwrite {
+        return Err(EngineError::InvalidRequest(format!("{} already exists (use --overwrite)", target.display())));
+    }
+    std::fs::create_dir_all(models_dir).map_err(EngineError::io(models_dir))?;
+    // A hidden sibling, so the rename is atomic and `perch models` never lists it.
+    let tmp = models_dir.join(format!(".import-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(EngineError::io(&tmp))?;
+    let result = write_model(&g, &arch, &tmp, opts);
+    if let Err(e) = result {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    if target.exists() {
+        std::fs::remove_dir_all(&target).map_err(EngineError::io(&target))?;
+    }
+    std::fs::rename(&tmp, &target).map_err(EngineError::io(&target))?;
+    Ok(target)
+}
+
+fn default_name(path: &Path) -> String {
+    path.file_stem().and_then(|s| s.to_str()).unwrap_or("model").to_lowercase().replace(['_', ' '], "-")
+}
+
+fn write_model(g: &GgufFile, arch: &str, dir: &Path, opts: &ImportOptions) -> Result<()> {
+    let tok = tokenizer::convert(g)?;
+    let vocab = g.metadata.get("tokenizer.ggml.tokens").and_then(|t| t.as_array()).map_or(0, |t| t.len());
+    let mut config = translate_config(g, arch, vocab)?;
+
+    let mut arrays: HashMap<String, Array> = HashMap::new();
+    let heads = config["num_attention_heads"].as_i64().unwrap_or(1) as usize;
+    let kv_heads = config["num_key_value_heads"].as_i64().unwrap_or(heads as i64) as usize;
+    for info in &g.tensors {
+        let Some(hf) = hf_name(arch, &info.name) else {
+            if info.name.starts_with("rope_freqs") {
+                continue; // derived from the config
+            }
+            return Err(EngineError::BadWeights {
+                file: g.path.clone(),
+                msg: format!("tensor `{}` ({}) has no place in the `{arch}` layout", info.name, type_name(info.ggml_type)),
+            });
+        };
+        let mut data = g.read_f32(info)?;
+        if arch == "gemma3" && hf.ends_with("norm.weight") {
+            // llama.cpp stores Gemma's (1 + w) norms with the 1 folded in.
+            data.iter_mut().for_each(|x| *x -= 1.0);
+        }
+        if arch == "llama" && (hf.ends_with("q_proj.weight") || hf.ends_with("k_proj.weight")) {
+            let n = if hf.ends_with("q_proj.weight") { heads } else { kv_heads };
+            data = unpermute_rows(&data, &info.shape, n);
+        }
+        let shape: Vec<i32> = info.shape.iter().map(|&d| d as i32).collect();
+        arrays.insert(hf, Array::from_slice(&data, &shape));
+    }
+
+    let store = match opts.dtype {
+        StoreDtype::Bf16 => Dtype::Bfloat16,
+        StoreDtype::F32 => Dtype::Float32,
+    };
+    let mut out: HashMap<String, Array> = HashMap::new();
+    for (name, a) in arrays {
+        let quantizable = name.ends_with(".weight") && a.ndim() == 2 && a.shape()[1] % 64 == 0;
+        match opts.quantize {
+            Quantize::Bits(bits) if quantizable => {
+                let (w, scales, biases) = mlx_rs::ops::quantize(&a, 64, bits)?;
+                let base = name.trim_end_matches(".weight");
+                out.insert(format!("{base}.scales"), scales.as_dtype(store)?);
+                out.insert(format!("{base}.biases"), biases.as_dtype(store)?);
+                out.insert(name, w);
+            }
+            _ => {
+                out.insert(name, a.as_dtype(store)?);
+            }
+        }
+    }
+    if let Quantize::Bits(bits) = opts.quantize {
+        config["quantization"] = json!({"group_size": 64, "bits": bits, "mode": "affine"});
+    }
+    config["torch_dtype"] = json!(if store == Dtype::Bfloat16 { "bfloat16" } else { "float32" });
+    let meta = HashMap::from([("format".to_string(), "mlx".to_string())]);
+    Array::save_safetensors(out.iter().map(|(k, v)| (k.as_str(), v)), &meta, dir.join("model.safetensors"))
+        .map_err(|e| EngineError::BadWeights { file: dir.join("model.safetensors"), msg: e.to_string() })?;
+
+    let eos_ids = config["eos_token_id"].clone();
+    write_json(&dir.join("config.json"), &config)?;
+    write_json(&dir.join("generation_config.json"), &json!({"eos_token_id": eos_ids, "bos_token_id": config["bos_token_id"]}))?;
+    write_json(&dir.join("tokenizer.json"), &tok.tokenizer_json)?;
+    let mut tc = json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": tok.bos_token, "eos_token": tok.eos_token, "add_bos_token": tok.add_bos_token,
+        "model_max_length": config["max_position_embeddings"],
+    });
+    if let Some(t) = &tok.chat_template {
+        tc["chat_template"] = json!(t);
+    }
+    write_json(&dir.join("tokenizer_config.json"), &tc)?;
+    write_json(
+        &dir.join("perch-import.json"),
+        &json!({
+            "source_file": g.path.file_name().and_then(|n| n.to_str()),
+            "source_sha256": sha256_file(&g.path)?,
+            "gguf_version": g.version,
+            "architecture": arch,
+            "quantize": match opts.quantize { Quantize::None => json!("none"), Quantize::Bits(b) => json!(b) },
+            "dtype": config["torch_dtype"],
+            "perch_version": env!("CARGO_PKG_VERSION"),
+        }),
+    )
+}
+
+fn write_json(path: &Path, v: &Value) -> Result<()> {
+    let text = serde_json::to_string_pretty(v).expect("JSON values serialize");
+    std::fs::write(path, text).map_err(EngineError::io(path))
+}
+
+fn sha256_file(path: &Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let mut f = std::fs::File::open(path).map_err(EngineError::io(path))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(EngineError::io(path))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(format!("{:x}", h.finalize()))
+}
+
+/// llama.cpp's converter interleaves the two rotary halves of each head's q/k rows; undo it.
+fn unpermute_rows(data: &[f32], shape: &[usize], heads: usize) -> Vec<f32> {
+    let (rows, cols) = (shape[0], shape.get(1).copied().unwrap_or(1));
+    let half = rows / heads / 2;
+    let mut out = vec![0f32; data.len()];
+    for h in 0..heads {
+        for i in 0..half {
+            for j in 0..2 {
+                // GGUF row (h, i, j) holds HF row (h, j, i).
+                let src = (h * half + i) * 2 + j;
+                let dst = (h * 2 + j) * half + i;
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&data[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}
+
+fn hf_name(arch: &str, gguf: &str) -> Option<String> {
+    let top = match gguf {
+        "token_embd.weight" => Some("model.embed_tokens.weight"),
+        "output_norm.weight" => Some("model.norm.weight"),
+        "output.weight" => Some("lm_head.weight"),
+        _ => None,
+    };
+    if let Some(t) = top {
+        return Some(t.to_string());
+    }
+    let rest = gguf.strip_prefix("blk.")?;
+    let (layer, tail) = rest.split_once('.')?;
+    let (part, kind) = tail.rsplit_once('.')?;
+    let gemma = arch == "gemma3";
+    let hf = match part {
+        "attn_norm" => "input_layernorm",
+        "attn_q" => "self_attn.q_proj",
+        "attn_k" => "self_attn.k_proj",
+        "attn_v" => "self_attn.v_proj",
+        "attn_output" => "self_attn.o_proj",
+        "attn_q_norm" => "self_attn.q_norm",
+        "attn_k_norm" => "self_attn.k_norm",
+        "post_attention_norm" if gemma => "post_attention_layernorm",
+        "ffn_norm" if gemma => "pre_feedforward_layernorm",
+        "ffn_norm" => "post_attention_layernorm",
+        "post_ffw_norm" if gemma => "post_feedforward_layernorm",
+        "ffn_gate" => "mlp.gate_proj",
+        "ffn_up" => "mlp.up_proj",
+        "ffn_down" => "mlp.down_proj",
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.{hf}.{kind}"))
+}
+
+/// config.json in the Hugging Face layout mlx-lm loads, from the GGUF metadata.
+fn translate_config(g: &GgufFile, arch: &str, vocab: usize) -> Result<Value> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| {
+        g.u64(&key(k)).ok_or_else(|| EngineError::BadWeights { file: g.path.clone(), msg: format!("GGUF metadata lacks `{}`", key(k)) })
+    };
+    let hidden = need("embedding_length")?;
+    let heads = need("attention.head_count")?;
+    let kv_heads = g.u64(&key("attention.head_count_kv")).unwrap_or(heads);
+    let head_dim = g.u64(&key("attention.key_length")).unwrap_or(hidden / heads);
+    let layers = need("block_count")?;
+    let ctx = g.u64(&key("context_length")).unwrap_or(4096);
+    let eps = g.f64(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6);
+    let rope_base = g.f64(&key("rope.freq_base"));
+    let tokens = g.metadata.get("tokenizer.ggml.tokens").and_then(|t| t.as_array());
+    let token_id = |t: &str| tokens.and_then(|ts| ts.iter().position(|x| x.as_str() == Some(t)));
+    let bos = g.u64("tokenizer.ggml.bos_token_id");
+    let mut eos: Vec<u64> = g.u64("tokenizer.ggml.eos_token_id").into_iter().collect();
+    let mut cfg = json!({
+        "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "head_dim": head_dim, "rms_norm_eps": eps,
+        "vocab_size": vocab, "max_position_embeddings": ctx,
+        "intermediate_size": need("feed_forward_length")?, "bos_token_id": bos,
+    });
+    let has_output = g.tensors.iter().any(|t| t.name == "output.weight");
+    match arch {
+        "gemma3" => {
+            let window = g.u64(&key("attention.sliding_window")).unwrap_or(512);
+            // Gemma 3 text models put a global layer after every five sliding ones.
+            let pattern = 6;
+            let layer_types: Vec<&str> = (0..layers)
+                .map(|i| if (i + 1) % pattern == 0 { "full_attention" } else { "sliding_attention" })
+                .collect();
+            if let Some(id) = token_id("<end_of_turn>") {
+                eos.push(id as u64);
+            }
+            cfg.as_object_mut().unwrap().extend(json!({
+                "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"],
+                "rope_theta": rope_base.unwrap_or(1_000_000.0), "rope_local_base_freq": 10_000.0,
+                "sliding_window": window, "sliding_window_pattern": pattern, "layer_types": layer_types,
+                "query_pre_attn_scalar": head_dim, "hidden_activation": "gelu_pytorch_tanh",
+                "tie_word_embeddings": true, "rope_scaling": null,
+            }).as_object().unwrap().clone());
+        }
+        "llama" | "qwen2" | "qwen3" => {
+            let default_base = if arch == "llama" { 10_000.0 } else { 1_000_000.0 };
+            let model_type = arch;
+            cfg.as_object_mut().unwrap().extend(json!({
+                "model_type": model_type,
+                "rope_theta": rope_base.unwrap_or(default_base),
+                "tie_word_embeddings": !has_output,
+            }).as_object().unwrap().clone());
+            if arch == "llama" {
+                if let Some(scale) = g.f64(&key("rope.scaling.factor")) {
+                    cfg["rope_scaling"] = json!({"rope_type": "linear", "factor": scale});
+                }
+            }
+        }
+        other => {
+            return Err(EngineError::UnknownArchitecture(other.to_string(), "gemma3, llama, qwen2, qwen3 (GGUF import)"))
+        }
+    }
+    cfg["eos_token_id"] = json!(eos);
+    Ok(cfg)
+}
