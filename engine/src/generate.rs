@@ -126,15 +126,16 @@ pub fn generate(
     let mut ttft = Duration::ZERO;
     let mut first_at = start;
     let mut finish = FinishReason::Length;
+    // The step queued behind the token being read; drained before returning so no MLX work
+    // is left running when the caller (or the process) moves on.
+    let mut queued: Option<Array> = None;
     for n in 0..max_tokens {
         // Queue step n+1 before the host waits on token n.
-        let next = if n + 1 < max_tokens {
+        if n + 1 < max_tokens {
             let next = step(&y.reshape(&[1, 1])?, &mut caches)?;
             async_eval([&next])?;
-            Some(next)
-        } else {
-            None
-        };
+            queued = Some(next);
+        }
         let id: u32 = y.try_item_cast().map_err(|e| EngineError::Mlx(mlx_rs::error::Exception::custom(e.to_string())))?;
         if n == 0 {
             first_at = Instant::now();
@@ -159,10 +160,13 @@ pub fn generate(
             finish = FinishReason::Cancelled;
             break;
         }
-        match next {
+        match queued.take() {
             Some(next) => y = next,
             None => break,
         }
+    }
+    if let Some(pending) = queued.take() {
+        pending.eval()?;
     }
     if !stops.hit {
         let tail = decoder.flush(&model.tokenizer)?;

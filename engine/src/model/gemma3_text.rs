@@ -5,31 +5,18 @@
 
 use mlx_rs::Array;
 
-use super::layers::{Attention, AttentionShape, Embedding, Linear, RmsNorm, Rope};
+use super::layers::{Attention, AttentionShape, Embedding, Mlp, RmsNorm, Rope};
 use super::weights::Weights;
 use super::{Architecture, ModelConfig};
 use crate::error::Result;
 use crate::kv_cache::KvCache;
-
-struct GeGlu {
-    gate: Linear,
-    up: Linear,
-    down: Linear,
-}
-
-impl GeGlu {
-    fn forward(&self, x: &Array) -> Result<Array> {
-        let g = mlx_rs::nn::gelu_approximate(self.gate.forward(x)?)?;
-        self.down.forward(&g.multiply(self.up.forward(x)?)?)
-    }
-}
 
 struct Block {
     input_norm: RmsNorm,
     attention: Attention,
     post_attention_norm: RmsNorm,
     pre_feedforward_norm: RmsNorm,
-    mlp: GeGlu,
+    mlp: Mlp,
     post_feedforward_norm: RmsNorm,
 }
 
@@ -99,11 +86,7 @@ pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<Gemma3Text> {
             attention: Attention::load(w, cfg, &format!("{p}.self_attn"), &shape, rope)?,
             post_attention_norm: norm(w, "post_attention_layernorm")?,
             pre_feedforward_norm: norm(w, "pre_feedforward_layernorm")?,
-            mlp: GeGlu {
-                gate: Linear::load(w, cfg, &format!("{p}.mlp.gate_proj"), hidden, inter, false)?,
-                up: Linear::load(w, cfg, &format!("{p}.mlp.up_proj"), hidden, inter, false)?,
-                down: Linear::load(w, cfg, &format!("{p}.mlp.down_proj"), inter, hidden, false)?,
-            },
+            mlp: Mlp::load_geglu(w, cfg, &format!("{p}.mlp"), hidden, inter)?,
             post_feedforward_norm: norm(w, "post_feedforward_layernorm")?,
         });
         windows.push(sliding.then_some(window));

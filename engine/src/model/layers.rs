@@ -2,7 +2,7 @@
 //! embeddings, RMS norm, rotary embeddings, attention and the SwiGLU MLP.
 
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
-use mlx_rs::ops;
+use mlx_rs::ops::{self, concatenate, indexing::IndexOp};
 use mlx_rs::{Array, Dtype};
 
 use super::weights::Weights;
@@ -32,6 +32,46 @@ impl Linear {
         }
         let weight = w.take(&format!("{prefix}.weight"), &[out, inp])?;
         Ok(Linear::Dense { weight, bias })
+    }
+
+    /// One layer computing all of `parts` (same input, outputs side by side): one matmul
+    /// instead of several. Per-operation overhead, not bandwidth, dominates small layers on
+    /// the CPU backend. Returns the parts unchanged when they cannot be stacked.
+    pub fn stack(parts: Vec<Linear>) -> std::result::Result<Linear, Vec<Linear>> {
+        let cat = |xs: Vec<&Array>| concatenate(&xs, 0);
+        let all_dense = parts.iter().all(|p| matches!(p, Linear::Dense { .. }));
+        let biases: Vec<Option<&Array>> = parts
+            .iter()
+            .map(|p| match p {
+                Linear::Dense { bias, .. } | Linear::Quantized { bias, .. } => bias.as_ref(),
+            })
+            .collect();
+        let bias_all = biases.iter().all(|b| b.is_some());
+        if !bias_all && biases.iter().any(|b| b.is_some()) {
+            return Err(parts);
+        }
+        let bias = if bias_all { cat(biases.into_iter().flatten().collect()).ok() } else { None };
+        if all_dense {
+            let ws: Vec<&Array> = parts.iter().map(|p| match p { Linear::Dense { weight, .. } => weight, _ => unreachable!() }).collect();
+            return match cat(ws) {
+                Ok(weight) => Ok(Linear::Dense { weight, bias }),
+                Err(_) => Err(parts),
+            };
+        }
+        let specs: Vec<Option<QuantSpec>> = parts.iter().map(|p| match p { Linear::Quantized { spec, .. } => Some(*spec), _ => None }).collect();
+        match specs[0] {
+            Some(spec) if specs.iter().all(|s| *s == Some(spec)) => {
+                let pick = |f: fn(&Linear) -> &Array| cat(parts.iter().map(f).collect());
+                let w = pick(|p| match p { Linear::Quantized { weight, .. } => weight, _ => unreachable!() });
+                let sc = pick(|p| match p { Linear::Quantized { scales, .. } => scales, _ => unreachable!() });
+                let bi = pick(|p| match p { Linear::Quantized { biases, .. } => biases, _ => unreachable!() });
+                match (w, sc, bi) {
+                    (Ok(weight), Ok(scales), Ok(biases)) => Ok(Linear::Quantized { weight, scales, biases, bias, spec }),
+                    _ => Err(parts),
+                }
+            }
+            _ => Err(parts),
+        }
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
@@ -228,10 +268,42 @@ pub struct AttentionShape {
     pub scale: Option<f32>,
 }
 
+/// Several projections of the same input, stacked into one matmul when possible.
+pub struct Projections {
+    fused: Option<Linear>,
+    separate: Vec<Linear>,
+    /// Output width of each part.
+    widths: Vec<i32>,
+}
+
+impl Projections {
+    pub fn new(parts: Vec<Linear>, widths: Vec<i32>) -> Projections {
+        match Linear::stack(parts) {
+            Ok(fused) => Projections { fused: Some(fused), separate: vec![], widths },
+            Err(parts) => Projections { fused: None, separate: parts, widths },
+        }
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Vec<Array>> {
+        let Some(fused) = &self.fused else {
+            return self.separate.iter().map(|p| p.forward(x)).collect();
+        };
+        let y = fused.forward(x)?;
+        let mut start = 0;
+        Ok(self
+            .widths
+            .iter()
+            .map(|w| {
+                let part = y.index((.., .., start..start + w));
+                start += w;
+                part
+            })
+            .collect())
+    }
+}
+
 pub struct Attention {
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    qkv: Projections,
     o: Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
@@ -254,10 +326,11 @@ impl Attention {
                 })
                 .transpose()
         };
+        let q = Linear::load(w, cfg, &format!("{prefix}.q_proj"), s.hidden, q_out, s.qkv_bias)?;
+        let k = Linear::load(w, cfg, &format!("{prefix}.k_proj"), s.hidden, kv_out, s.qkv_bias)?;
+        let v = Linear::load(w, cfg, &format!("{prefix}.v_proj"), s.hidden, kv_out, s.qkv_bias)?;
         Ok(Attention {
-            q: Linear::load(w, cfg, &format!("{prefix}.q_proj"), s.hidden, q_out, s.qkv_bias)?,
-            k: Linear::load(w, cfg, &format!("{prefix}.k_proj"), s.hidden, kv_out, s.qkv_bias)?,
-            v: Linear::load(w, cfg, &format!("{prefix}.v_proj"), s.hidden, kv_out, s.qkv_bias)?,
+            qkv: Projections::new(vec![q, k, v], vec![q_out, kv_out, kv_out]),
             o: Linear::load(w, cfg, &format!("{prefix}.o_proj"), q_out, s.hidden, s.out_bias)?,
             q_norm: norm(w, "q_norm")?,
             k_norm: norm(w, "k_norm")?,
@@ -280,9 +353,11 @@ impl Attention {
             };
             Ok(y.transpose_axes(&[0, 2, 1, 3])?)
         };
-        let q = split(self.q.forward(x)?, self.heads, &self.q_norm)?;
-        let k = split(self.k.forward(x)?, self.kv_heads, &self.k_norm)?;
-        let v = split(self.v.forward(x)?, self.kv_heads, &None)?;
+        let mut qkv = self.qkv.forward(x)?.into_iter();
+        let (q, k, v) = (qkv.next().unwrap(), qkv.next().unwrap(), qkv.next().unwrap());
+        let q = split(q, self.heads, &self.q_norm)?;
+        let k = split(k, self.kv_heads, &self.k_norm)?;
+        let v = split(v, self.kv_heads, &None)?;
         let offset = cache.offset();
         let q = self.rope.forward(&q, offset)?;
         let k = self.rope.forward(&k, offset)?;
@@ -302,23 +377,32 @@ impl Attention {
 
 /// SwiGLU feed-forward: down(silu(gate(x)) * up(x)).
 pub struct Mlp {
-    gate: Linear,
-    up: Linear,
+    gate_up: Projections,
     down: Linear,
+    /// SiLU (SwiGLU) or tanh-approximated GELU (GeGLU, Gemma).
+    gelu: bool,
 }
 
 impl Mlp {
     pub fn load(w: &mut Weights, cfg: &ModelConfig, prefix: &str, hidden: i32, inter: i32, bias: bool) -> Result<Mlp> {
+        let gate = Linear::load(w, cfg, &format!("{prefix}.gate_proj"), hidden, inter, bias)?;
+        let up = Linear::load(w, cfg, &format!("{prefix}.up_proj"), hidden, inter, bias)?;
         Ok(Mlp {
-            gate: Linear::load(w, cfg, &format!("{prefix}.gate_proj"), hidden, inter, bias)?,
-            up: Linear::load(w, cfg, &format!("{prefix}.up_proj"), hidden, inter, bias)?,
+            gate_up: Projections::new(vec![gate, up], vec![inter, inter]),
             down: Linear::load(w, cfg, &format!("{prefix}.down_proj"), inter, hidden, bias)?,
+            gelu: false,
         })
     }
 
+    pub fn load_geglu(w: &mut Weights, cfg: &ModelConfig, prefix: &str, hidden: i32, inter: i32) -> Result<Mlp> {
+        Ok(Mlp { gelu: true, ..Mlp::load(w, cfg, prefix, hidden, inter, false)? })
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        let g = mlx_rs::nn::silu(self.gate.forward(x)?)?;
-        self.down.forward(&g.multiply(self.up.forward(x)?)?)
+        let mut gu = self.gate_up.forward(x)?.into_iter();
+        let (gate, up) = (gu.next().unwrap(), gu.next().unwrap());
+        let g = if self.gelu { mlx_rs::nn::gelu_approximate(gate)? } else { mlx_rs::nn::silu(gate)? };
+        self.down.forward(&g.multiply(up)?)
     }
 }
 
