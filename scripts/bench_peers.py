@@ -65,15 +65,19 @@ llm = Llama(model_path=path, n_ctx=2048, n_batch=512, n_threads=2, verbose=False
 unit = llm.tokenize(passage.encode(), add_bos=False, special=False)
 def prompt(n):
     return [unit[i % len(unit)] for i in range(n)]
+n_vocab = llm.n_vocab()
+def last_logits():
+    # Without logits_all, llama-cpp-python leaves `scores` empty; read the context's row.
+    return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))
 def run(ids, n):
     llm.reset()
     t0 = time.perf_counter()
     llm.eval(ids)
-    t = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    t = int(np.argmax(last_logits()))
     first = time.perf_counter()
     for _ in range(n - 1):
         llm.eval([t])
-        t = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        t = int(np.argmax(last_logits()))
     end = time.perf_counter()
     return first - t0, (n - 1) / max(end - first, 1e-9)
 run(prompt(16), 8)
