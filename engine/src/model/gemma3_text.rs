@@ -36,6 +36,7 @@ pub struct Gemma3Text {
     norm: RmsNorm,
     /// Per layer: `Some(window)` for sliding-window layers.
     windows: Vec<Option<i32>>,
+    host_head: Option<super::host_head::HostHead>,
 }
 
 /// Whether layer `i` uses sliding-window attention: from `layer_types` when the config has it,
@@ -94,8 +95,10 @@ pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<Gemma3Text> {
     w.remove_unused("lm_head.weight"); // always tied
     // The reference implementations multiply by sqrt(hidden) rounded to bf16.
     let embed_scale = half::bf16::from_f32((hidden as f32).sqrt()).to_f32();
+    let embed = Embedding::load(w, cfg, "model.embed_tokens", vocab, hidden)?;
     Ok(Gemma3Text {
-        embed: Embedding::load(w, cfg, "model.embed_tokens", vocab, hidden)?,
+        host_head: embed.host_head()?,
+        embed,
         embed_scale,
         blocks,
         norm: RmsNorm::load_plus_one(w, "model.norm", hidden, eps)?,
@@ -110,7 +113,11 @@ impl Architecture for Gemma3Text {
         for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
             h = block.forward(&h, cache)?;
         }
-        self.embed.as_linear(&self.norm.forward(&h)?)
+        let h = self.norm.forward(&h)?;
+        match &self.host_head {
+            Some(host) if h.shape()[1] == 1 => host.forward(&h),
+            _ => self.embed.as_linear(&h),
+        }
     }
 
     fn num_layers(&self) -> usize {

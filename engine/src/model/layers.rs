@@ -118,6 +118,17 @@ impl Embedding {
         })
     }
 
+    /// A host-side int8 copy of a large dense table for one-token steps on the CPU backend
+    /// (see `host_head`); `None` where MLX's own matmul is the better choice.
+    pub fn host_head(&self) -> Result<Option<super::host_head::HostHead>> {
+        match self {
+            Embedding::Dense(table) if std::env::var_os("PERCH_NO_HOST_HEAD").is_none() => {
+                super::host_head::HostHead::new(table)
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// `x @ table.T`: the tied language-model head.
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
         Ok(match self {
@@ -430,6 +441,8 @@ pub struct DecoderStack {
     pub norm: RmsNorm,
     /// `None` when the head is tied to the embeddings.
     pub lm_head: Option<Linear>,
+    /// The tied head for one-token steps on the CPU backend.
+    pub host_head: Option<super::host_head::HostHead>,
 }
 
 impl DecoderStack {
@@ -439,9 +452,10 @@ impl DecoderStack {
             h = block.forward(&h, cache)?;
         }
         let h = self.norm.forward(&h)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&h),
-            None => self.embed.as_linear(&h),
+        match (&self.lm_head, &self.host_head) {
+            (Some(head), _) => head.forward(&h),
+            (None, Some(host)) if h.shape()[1] == 1 => host.forward(&h),
+            (None, _) => self.embed.as_linear(&h),
         }
     }
 
@@ -524,6 +538,7 @@ impl DecoderStack {
             w.remove_unused("lm_head.weight");
         }
         let lm_head = if tied { None } else { Some(Linear::load(w, cfg, "lm_head", hidden, s.vocab, false)?) };
-        Ok(DecoderStack { embed, blocks, norm, lm_head })
+        let host_head = if tied { embed.host_head()? } else { None };
+        Ok(DecoderStack { embed, blocks, norm, lm_head, host_head })
     }
 }

@@ -3,6 +3,7 @@
 //! One file per architecture; `layers` holds the pieces they share.
 
 pub mod gemma3_text;
+pub mod host_head;
 pub mod layers;
 pub mod llama;
 pub mod qwen2;
