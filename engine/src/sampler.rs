@@ -79,6 +79,8 @@ pub struct Sampler {
     seen: Option<Array>,
     /// Occurrences of each generated token (presence / frequency penalties), shape [V].
     counts: Option<Array>,
+    /// 0..V, for the one-hot update of `seen`/`counts`; built once, only when penalties are on.
+    vocab_ids: Option<Array>,
     vocab: i32,
 }
 
@@ -101,7 +103,10 @@ impl Sampler {
         let counts = (params.presence_penalty != 0.0 || params.frequency_penalty != 0.0)
             .then(|| ops::zeros::<f32>(&[vocab]))
             .transpose()?;
-        Ok(Sampler { key: random::key(seed)?, params, seen, counts, vocab })
+        let vocab_ids = (seen.is_some() || counts.is_some())
+            .then(|| ops::arange::<_, i32>(None, vocab, None))
+            .transpose()?;
+        Ok(Sampler { key: random::key(seed)?, params, seen, counts, vocab_ids, vocab })
     }
 
     /// `logits`: [1, V] (any float dtype) → the chosen token id, shape [1], still lazy.
@@ -140,12 +145,10 @@ impl Sampler {
     }
 
     fn observe(&mut self, token: &Array) -> Result<()> {
-        if self.seen.is_none() && self.counts.is_none() {
+        let Some(ids) = &self.vocab_ids else {
             return Ok(());
-        }
-        let one_hot = ops::arange::<_, i32>(None, self.vocab, None)?
-            .eq(token)?
-            .as_dtype(mlx_rs::Dtype::Float32)?;
+        };
+        let one_hot = ids.eq(token)?.as_dtype(mlx_rs::Dtype::Float32)?;
         if let Some(seen) = &self.seen {
             self.seen = Some(ops::maximum(seen, &one_hot)?);
         }

@@ -32,13 +32,7 @@ fn run_prints_the_greedy_continuation_mlx_lm_produced() {
 
 #[test]
 fn models_lists_what_is_installed() {
-    let tmp = tempfile::tempdir().unwrap();
-    let dst = tmp.path().join("tiny-qwen3");
-    std::fs::create_dir(&dst).unwrap();
-    for f in std::fs::read_dir(fixture_dir("qwen3")).unwrap() {
-        let f = f.unwrap().path();
-        std::fs::copy(&f, dst.join(f.file_name().unwrap())).unwrap();
-    }
+    let (tmp, _dst) = copy_fixture("qwen3", "tiny-qwen3");
     let out = perch().args(["models", "--json"]).env("PERCH_MODELS_DIR", tmp.path()).output().unwrap();
     assert!(out.status.success());
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();

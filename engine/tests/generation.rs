@@ -114,16 +114,12 @@ fn eos_from_config_ends_generation_unless_ignored() {
     let g = golden("qwen2");
     let eos = g.greedy_tokens[5];
     let first = g.greedy_tokens.iter().position(|&t| t == eos).unwrap();
-    let tmp = tempfile::tempdir().unwrap();
-    for f in std::fs::read_dir(fixture_dir("qwen2")).unwrap() {
-        let f = f.unwrap().path();
-        std::fs::copy(&f, tmp.path().join(f.file_name().unwrap())).unwrap();
-    }
-    let cfg_path = tmp.path().join("config.json");
+    let (_tmp, dir) = copy_fixture("qwen2", "qwen2");
+    let cfg_path = dir.join("config.json");
     let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
     cfg["eos_token_id"] = serde_json::json!([eos]);
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
-    let model = perch_engine::load_model(tmp.path()).unwrap();
+    let model = perch_engine::load_model(&dir).unwrap();
 
     let stop_at_eos = GenerateParams { ignore_eos: false, ..params(16, SamplingParams::greedy()) };
     let out = generate(&model, &g.prompt_ids, &stop_at_eos, None, |_| {}).unwrap();

@@ -3,21 +3,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::*;
 use perch_engine::load_model;
-
-fn copy_fixture(name: &str) -> (tempfile::TempDir, PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path().join(name);
-    std::fs::create_dir(&dir).unwrap();
-    for f in std::fs::read_dir(fixture_dir(name)).unwrap() {
-        let f = f.unwrap().path();
-        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
-    }
-    (tmp, dir)
-}
 
 fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     let p = dir.join("config.json");
@@ -35,7 +24,7 @@ fn load_err(dir: &Path) -> String {
 
 #[test]
 fn unknown_architecture() {
-    let (_t, dir) = copy_fixture("llama");
+    let (_t, dir) = copy_fixture("llama", "llama");
     edit_config(&dir, |c| c["model_type"] = "mamba9".into());
     let e = load_err(&dir);
     assert!(e.contains("unsupported architecture `mamba9`") && e.contains("llama, qwen2, qwen3, gemma3_text"), "{e}");
@@ -43,17 +32,17 @@ fn unknown_architecture() {
 
 #[test]
 fn missing_files() {
-    let (_t, dir) = copy_fixture("llama");
+    let (_t, dir) = copy_fixture("llama", "llama");
     std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
     let e = load_err(&dir);
     assert!(e.contains("tokenizer.json") && e.contains("missing"), "{e}");
 
-    let (_t, dir) = copy_fixture("llama");
+    let (_t, dir) = copy_fixture("llama", "llama");
     std::fs::remove_file(dir.join("model.safetensors")).unwrap();
     let e = load_err(&dir);
     assert!(e.contains("no model*.safetensors"), "{e}");
 
-    let (_t, dir) = copy_fixture("llama");
+    let (_t, dir) = copy_fixture("llama", "llama");
     std::fs::remove_file(dir.join("config.json")).unwrap();
     let e = load_err(&dir);
     assert!(e.contains("config.json"), "{e}");
@@ -61,7 +50,7 @@ fn missing_files() {
 
 #[test]
 fn truncated_weights_name_file_and_tensor() {
-    let (_t, dir) = copy_fixture("qwen2");
+    let (_t, dir) = copy_fixture("qwen2", "qwen2");
     let file = dir.join("model.safetensors");
     let bytes = std::fs::read(&file).unwrap();
     std::fs::write(&file, &bytes[..bytes.len() * 2 / 3]).unwrap();
@@ -75,7 +64,7 @@ fn truncated_weights_name_file_and_tensor() {
 
 #[test]
 fn shape_mismatch_names_the_tensor() {
-    let (_t, dir) = copy_fixture("qwen3");
+    let (_t, dir) = copy_fixture("qwen3", "qwen3");
     edit_config(&dir, |c| c["intermediate_size"] = 96.into());
     let e = load_err(&dir);
     assert!(e.contains("model.safetensors") && e.contains("mlp.gate_proj.weight") && e.contains("[128, 64]") && e.contains("[96, 64]"), "{e}");
@@ -83,17 +72,17 @@ fn shape_mismatch_names_the_tensor() {
 
 #[test]
 fn missing_tensor_and_bad_config_values() {
-    let (_t, dir) = copy_fixture("llama");
+    let (_t, dir) = copy_fixture("llama", "llama");
     edit_config(&dir, |c| c["num_hidden_layers"] = 3.into());
     let e = load_err(&dir);
     assert!(e.contains("model.layers.2.") && e.contains("missing"), "{e}");
 
-    let (_t, dir) = copy_fixture("llama");
+    let (_t, dir) = copy_fixture("llama", "llama");
     edit_config(&dir, |c| c["hidden_size"] = "wide".into());
     let e = load_err(&dir);
     assert!(e.contains("config.json") && e.contains("hidden_size"), "{e}");
 
-    let (_t, dir) = copy_fixture("llama");
+    let (_t, dir) = copy_fixture("llama", "llama");
     edit_config(&dir, |c| c["rope_scaling"] = serde_json::json!({"rope_type": "su-mystery"}));
     let e = load_err(&dir);
     assert!(e.contains("su-mystery"), "{e}");
@@ -102,7 +91,7 @@ fn missing_tensor_and_bad_config_values() {
 #[test]
 fn extra_tensors_are_reported() {
     // A qwen2 file (with q/k/v biases) labelled as llama: the biases are not llama's.
-    let (_t, dir) = copy_fixture("qwen2");
+    let (_t, dir) = copy_fixture("qwen2", "qwen2");
     edit_config(&dir, |c| c["model_type"] = "llama".into());
     let e = load_err(&dir);
     assert!(e.contains("not used by the `llama` architecture") && e.contains("_proj.bias"), "{e}");
@@ -110,7 +99,7 @@ fn extra_tensors_are_reported() {
 
 #[test]
 fn quantized_weights_without_config_section() {
-    let (_t, dir) = copy_fixture("qwen3-4bit");
+    let (_t, dir) = copy_fixture("qwen3-4bit", "qwen3-4bit");
     edit_config(&dir, |c| {
         c.as_object_mut().unwrap().remove("quantization");
     });

@@ -19,6 +19,19 @@ pub fn load_fixture(name: &str) -> LoadedModel {
     load_model(&fixture_dir(name)).unwrap_or_else(|e| panic!("loading fixture {name}: {e}"))
 }
 
+/// A copy of fixture `name` in a fresh temporary directory, as `<tmp>/<dir_name>`, for tests
+/// that edit or break it.
+pub fn copy_fixture(name: &str, dir_name: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join(dir_name);
+    std::fs::create_dir(&dir).unwrap();
+    for f in std::fs::read_dir(fixture_dir(name)).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    (tmp, dir)
+}
+
 pub struct Golden {
     pub prompt_ids: Vec<u32>,
     pub greedy_tokens: Vec<u32>,
