@@ -36,6 +36,10 @@ pub enum EngineError {
     #[error("invalid request: {0}")]
     InvalidRequest(String),
 
+    /// A broken invariant inside the engine (a bug, not bad input).
+    #[error("internal error: {0}")]
+    Internal(String),
+
     #[error("MLX: {0}")]
     Mlx(#[from] mlx_rs::error::Exception),
 }

@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::error::{EngineError, Result};
 use crate::model::LoadedModel;
 use crate::sampler::{Sampler, SamplingParams};
+pub use crate::speculative::{DraftMode, DraftStats};
 use crate::tokenizer::StreamDecoder;
 
 #[derive(Debug, Clone)]
@@ -25,11 +26,13 @@ pub struct GenerateParams {
     pub prefill_chunk: usize,
     /// Keep going past EOS (benchmarks need a fixed number of tokens).
     pub ignore_eos: bool,
+    /// Speculative decoding: where draft tokens come from (none: plain decoding).
+    pub draft: DraftMode,
 }
 
 impl Default for GenerateParams {
     fn default() -> Self {
-        GenerateParams { max_tokens: 256, sampling: SamplingParams::default(), stop: vec![], prefill_chunk: 512, ignore_eos: false }
+        GenerateParams { max_tokens: 256, sampling: SamplingParams::default(), stop: vec![], prefill_chunk: 512, ignore_eos: false, draft: DraftMode::None }
     }
 }
 
@@ -53,6 +56,8 @@ pub struct Generation {
     pub ttft: Duration,
     /// First token to last token.
     pub decode_time: Duration,
+    /// Speculative decoding's statistics; `None` for plain decoding.
+    pub draft: Option<DraftStats>,
 }
 
 impl Generation {
@@ -73,27 +78,14 @@ impl Generation {
 /// Generate from `prompt` token ids. `on_text` receives each new piece of text as soon as it
 /// is known to be final (whole UTF-8, not part of a possible stop string). Setting `cancel`
 /// ends the loop within one step.
-pub fn generate(
+fn generate_plain(
     model: &LoadedModel,
     prompt: &[u32],
     params: &GenerateParams,
     cancel: Option<&AtomicBool>,
     mut on_text: impl FnMut(&str),
 ) -> Result<Generation> {
-    if prompt.is_empty() {
-        return Err(EngineError::InvalidRequest("the prompt is empty".into()));
-    }
-    if params.max_tokens == 0 {
-        return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into()));
-    }
-    if prompt.len() >= model.context_length {
-        return Err(EngineError::InvalidRequest(format!(
-            "the prompt has {} tokens; this model's context is {}",
-            prompt.len(),
-            model.context_length
-        )));
-    }
-    let max_tokens = params.max_tokens.min(model.context_length - prompt.len());
+    let max_tokens = check_request(model, prompt, params)?;
     let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Relaxed));
     let start = Instant::now();
     let mut sampler = Sampler::new(params.sampling.clone(), model.vocab_size, prompt)?;
@@ -119,13 +111,7 @@ pub fn generate(
     let mut y = step(&token_array(last), &mut caches)?;
     async_eval([&y])?;
 
-    let mut tokens = Vec::new();
-    let mut text = String::new();
-    let mut decoder = StreamDecoder::new();
-    let mut stops = StopMatcher::new(&params.stop);
-    let mut ttft = Duration::ZERO;
-    let mut first_at = start;
-    let mut finish = FinishReason::Length;
+    let mut out = Output::new(model, params, max_tokens, cancel, &mut on_text);
     // The step queued behind the token being read; drained before returning so no MLX work
     // is left running when the caller (or the process) moves on.
     let mut queued: Option<Array> = None;
@@ -136,28 +122,7 @@ pub fn generate(
             async_eval([&next])?;
             queued = Some(next);
         }
-        let id: u32 = y.try_item_cast().map_err(|e| EngineError::Mlx(mlx_rs::error::Exception::custom(e.to_string())))?;
-        if n == 0 {
-            first_at = Instant::now();
-            ttft = first_at - start;
-        }
-        if !params.ignore_eos && model.tokenizer.is_eos(id) {
-            finish = FinishReason::Stop;
-            break;
-        }
-        tokens.push(id);
-        let piece = decoder.push(&model.tokenizer, id)?;
-        let (ready, hit) = stops.push(&piece);
-        if !ready.is_empty() {
-            on_text(&ready);
-            text.push_str(&ready);
-        }
-        if hit {
-            finish = FinishReason::Stop;
-            break;
-        }
-        if cancelled() {
-            finish = FinishReason::Cancelled;
+        if !out.push(host_u32(&y)?)? {
             break;
         }
         match queued.take() {
@@ -168,30 +133,145 @@ pub fn generate(
     if let Some(pending) = queued.take() {
         pending.eval()?;
     }
-    if !stops.hit {
-        let tail = decoder.flush(&model.tokenizer)?;
-        let (ready, _) = stops.push(&tail);
-        let rest = format!("{ready}{}", stops.finish());
-        if !rest.is_empty() {
-            on_text(&rest);
-            text.push_str(&rest);
-        }
-    }
-    Ok(Generation {
-        text,
-        prompt_tokens: prompt.len(),
-        ttft,
-        decode_time: first_at.elapsed(),
-        tokens,
-        finish_reason: finish,
-    })
+    out.finish(prompt.len(), start, None)
 }
 
-fn token_array(ids: &[u32]) -> Array {
+/// Dispatch on `params.draft`: plain decoding or speculative decoding with a draft source.
+pub fn generate(
+    model: &LoadedModel,
+    prompt: &[u32],
+    params: &GenerateParams,
+    cancel: Option<&AtomicBool>,
+    on_text: impl FnMut(&str),
+) -> Result<Generation> {
+    match params.draft {
+        DraftMode::None => generate_plain(model, prompt, params, cancel, on_text),
+        _ => crate::speculative::generate(model, prompt, params, cancel, on_text),
+    }
+}
+
+/// Checks every decoding mode shares; returns the number of tokens that may be generated.
+pub(crate) fn check_request(model: &LoadedModel, prompt: &[u32], params: &GenerateParams) -> Result<usize> {
+    if prompt.is_empty() {
+        return Err(EngineError::InvalidRequest("the prompt is empty".into()));
+    }
+    if params.max_tokens == 0 {
+        return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into()));
+    }
+    if prompt.len() >= model.context_length {
+        return Err(EngineError::InvalidRequest(format!(
+            "the prompt has {} tokens; this model's context is {}",
+            prompt.len(),
+            model.context_length
+        )));
+    }
+    params.sampling.validate()?;
+    Ok(params.max_tokens.min(model.context_length - prompt.len()))
+}
+
+pub(crate) fn host_u32(a: &Array) -> Result<u32> {
+    a.try_item_cast().map_err(|e| EngineError::Mlx(mlx_rs::error::Exception::custom(e.to_string())))
+}
+
+/// Where sampled tokens go: EOS, detokenizing, stop strings, cancellation, `max_tokens`, the
+/// caller's callback. Plain and speculative decoding share it, so they end the same way.
+pub(crate) struct Output<'a, F: FnMut(&str)> {
+    model: &'a LoadedModel,
+    ignore_eos: bool,
+    max_tokens: usize,
+    cancel: Option<&'a AtomicBool>,
+    on_text: &'a mut F,
+    tokens: Vec<u32>,
+    text: String,
+    decoder: StreamDecoder,
+    stops: StopMatcher,
+    finish: Option<FinishReason>,
+    first_at: Option<Instant>,
+}
+
+impl<'a, F: FnMut(&str)> Output<'a, F> {
+    pub fn new(model: &'a LoadedModel, params: &GenerateParams, max_tokens: usize, cancel: Option<&'a AtomicBool>, on_text: &'a mut F) -> Self {
+        Output {
+            model,
+            ignore_eos: params.ignore_eos,
+            max_tokens,
+            cancel,
+            on_text,
+            tokens: Vec::new(),
+            text: String::new(),
+            decoder: StreamDecoder::new(),
+            stops: StopMatcher::new(&params.stop),
+            finish: None,
+            first_at: None,
+        }
+    }
+
+    /// Take the next sampled token; false once the generation is over.
+    pub fn push(&mut self, id: u32) -> Result<bool> {
+        if self.finish.is_some() {
+            return Ok(false);
+        }
+        self.first_at.get_or_insert_with(Instant::now);
+        if !self.ignore_eos && self.model.tokenizer.is_eos(id) {
+            return self.end(FinishReason::Stop);
+        }
+        self.tokens.push(id);
+        let piece = self.decoder.push(&self.model.tokenizer, id)?;
+        let (ready, hit) = self.stops.push(&piece);
+        if !ready.is_empty() {
+            (self.on_text)(&ready);
+            self.text.push_str(&ready);
+        }
+        if hit {
+            return self.end(FinishReason::Stop);
+        }
+        if self.cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return self.end(FinishReason::Cancelled);
+        }
+        if self.tokens.len() >= self.max_tokens {
+            return self.end(FinishReason::Length);
+        }
+        Ok(true)
+    }
+
+    /// Tokens taken so far (after the prompt).
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    fn end(&mut self, reason: FinishReason) -> Result<bool> {
+        self.finish = Some(reason);
+        Ok(false)
+    }
+
+    pub fn finish(mut self, prompt_tokens: usize, start: Instant, draft: Option<DraftStats>) -> Result<Generation> {
+        if !self.stops.hit {
+            let tail = self.decoder.flush(&self.model.tokenizer)?;
+            let (ready, _) = self.stops.push(&tail);
+            let rest = format!("{ready}{}", self.stops.finish());
+            if !rest.is_empty() {
+                (self.on_text)(&rest);
+                self.text.push_str(&rest);
+            }
+        }
+        let first_at = self.first_at.unwrap_or(start);
+        Ok(Generation {
+            text: self.text,
+            prompt_tokens,
+            ttft: first_at - start,
+            decode_time: first_at.elapsed(),
+            tokens: self.tokens,
+            finish_reason: self.finish.unwrap_or(FinishReason::Length),
+            draft,
+        })
+    }
+}
+
+pub(crate) fn token_array(ids: &[u32]) -> Array {
     Array::from_slice(ids, &[1, ids.len() as i32])
 }
 
-fn cancelled_early(prompt_tokens: usize, start: Instant) -> Generation {
+pub(crate) fn cancelled_early(prompt_tokens: usize, start: Instant) -> Generation {
     Generation {
         text: String::new(),
         tokens: vec![],
@@ -199,6 +279,7 @@ fn cancelled_early(prompt_tokens: usize, start: Instant) -> Generation {
         prompt_tokens,
         ttft: start.elapsed(),
         decode_time: Duration::ZERO,
+        draft: None,
     }
 }
 

@@ -1,6 +1,7 @@
 //! The key/value cache: one per layer, grown in steps so decoding does not reallocate per token.
-//! Sliding-window layers (Gemma 3) keep only the last `window` positions in a ring buffer, so
-//! their memory stays bounded however long the chat gets.
+//! Sliding-window layers (Gemma 3) keep only the last `window` positions (plus a little slack
+//! for rolling back draft tokens) in a ring buffer, so their memory stays bounded however long
+//! the chat gets.
 
 use mlx_rs::ops::indexing::{IndexMutOp, IndexOp};
 use mlx_rs::ops::{self, concatenate, zeros_dtype};
@@ -28,8 +29,36 @@ pub struct KvCache {
     values: Option<Array>,
     offset: i32,
     /// Sliding-window attention: position p sees keys in (p - window, p]. The buffer then holds
-    /// position p at slot p % window.
+    /// position p at slot p % (window + SLIDING_SLACK).
     window: Option<i32>,
+    /// Sliding window: how many of the latest positions the ring holds intact.
+    stored: i32,
+}
+
+/// Positions a sliding-window cache keeps beyond its window, so that speculative decoding can
+/// roll back up to this many rejected draft tokens.
+pub const SLIDING_SLACK: i32 = 32;
+
+/// Write `src` ([B, H, n, D], n <= cap) as positions first.. into a ring of `cap` slots.
+fn write_ring(buf: &mut Array, src: &Array, first: i32, cap: i32) {
+    let n = src.shape()[2];
+    let s = first % cap;
+    if s + n <= cap {
+        buf.index_mut((.., .., s..s + n, ..), src);
+    } else {
+        let a = cap - s;
+        buf.index_mut((.., .., s..cap, ..), &src.index((.., .., ..a, ..)));
+        buf.index_mut((.., .., ..n - a, ..), &src.index((.., .., a.., ..)));
+    }
+}
+
+/// Positions first..first+n of a ring of `cap` slots, in position order.
+fn ring_range(buf: &Array, first: i32, n: i32, cap: i32) -> Result<Array> {
+    let s = first % cap;
+    if s + n <= cap {
+        return Ok(buf.index((.., .., s..s + n, ..)));
+    }
+    Ok(concatenate(&[buf.index((.., .., s.., ..)), buf.index((.., .., ..s + n - cap, ..))], 2)?)
 }
 
 impl KvCache {
@@ -56,54 +85,46 @@ impl KvCache {
     fn update_sliding(&mut self, k: &Array, v: &Array, w: i32) -> Result<(Array, Array, AttentionMask)> {
         let (b, h, l, dk) = (k.shape()[0], k.shape()[1], k.shape()[2], k.shape()[3]);
         let dv = v.shape()[3];
+        let cap = w + SLIDING_SLACK;
         let o = self.offset;
         if self.keys.is_none() {
-            self.keys = Some(zeros_dtype(&[b, h, w, dk], k.dtype())?);
-            self.values = Some(zeros_dtype(&[b, h, w, dv], v.dtype())?);
+            self.keys = Some(zeros_dtype(&[b, h, cap, dk], k.dtype())?);
+            self.values = Some(zeros_dtype(&[b, h, cap, dv], v.dtype())?);
         }
         let (keys, values) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
+        let end = o + l;
         if l == 1 {
-            // Decode: overwrite the slot of position o - w; the buffer then holds exactly the
-            // window. Key order does not matter to a single query (RoPE is already applied).
-            let slot = o % w;
-            keys.index_mut((.., .., slot..slot + 1, ..), k);
-            values.index_mut((.., .., slot..slot + 1, ..), v);
-            self.offset += 1;
-            let n = self.offset.min(w);
-            return Ok((keys.index((.., .., ..n, ..)), values.index((.., .., ..n, ..)), AttentionMask::None));
-        }
-        // Prefill chunk: the cached window in position order, then the new keys.
-        let ordered = |a: &Array| -> Result<Array> {
-            if o <= w {
-                Ok(a.index((.., .., ..o, ..)))
+            // Decode: position o goes to slot o % cap. Key order does not matter to a single
+            // query (RoPE is already applied); slots outside the window are masked.
+            write_ring(keys, k, o, cap);
+            write_ring(values, v, o, cap);
+            self.offset = end;
+            self.stored = (self.stored + 1).min(cap);
+            let n = end.min(cap);
+            let mask = if end <= w {
+                AttentionMask::None
             } else {
-                let s = o % w;
-                Ok(concatenate(&[a.index((.., .., s.., ..)), a.index((.., .., ..s, ..))], 2)?)
-            }
-        };
-        let full_k = concatenate(&[ordered(keys)?, k.clone()], 2)?;
-        let full_v = concatenate(&[ordered(values)?, v.clone()], 2)?;
-        let first = o - o.min(w); // position of full_k's first key
+                let valid: Vec<bool> = (0..n).map(|slot| (o - slot).rem_euclid(cap) < w).collect();
+                AttentionMask::Array(Array::from_slice(&valid, &[1, n]))
+            };
+            return Ok((keys.index((.., .., ..n, ..)), values.index((.., .., ..n, ..)), mask));
+        }
+        // Several queries (prefill chunk, draft verification): the cached window in position
+        // order, then the new keys, with an explicit causal sliding mask.
+        let kept = o.min(w);
+        let full_k = concatenate(&[ring_range(keys, o - kept, kept, cap)?, k.clone()], 2)?;
+        let full_v = concatenate(&[ring_range(values, o - kept, kept, cap)?, v.clone()], 2)?;
+        let first = o - kept; // position of full_k's first key
         let n = full_k.shape()[2];
-        let q_pos = ops::arange::<_, i32>(o, o + l, None)?.reshape(&[l, 1])?;
+        let q_pos = ops::arange::<_, i32>(o, end, None)?.reshape(&[l, 1])?;
         let k_pos = ops::arange::<_, i32>(first, first + n, None)?.reshape(&[1, n])?;
         let mask = k_pos.le(&q_pos)?.logical_and(&q_pos.subtract(&k_pos)?.lt(&Array::from_int(w))?)?;
-        // Keep the last w positions in slot order (position p at p % w).
-        let end = o + l;
-        if end <= w {
-            keys.index_mut((.., .., ..end, ..), &full_k);
-            values.index_mut((.., .., ..end, ..), &full_v);
-        } else {
-            let s = end - w; // first kept position
-            let split = w - s % w; // last_w[split] holds a position ≡ 0 (mod w)
-            let rotate = |a: &Array| -> Result<Array> {
-                let last = a.index((.., .., (n - w).., ..));
-                Ok(concatenate(&[last.index((.., .., split.., ..)), last.index((.., .., ..split, ..))], 2)?)
-            };
-            *keys = rotate(&full_k)?;
-            *values = rotate(&full_v)?;
-        }
+        // Store the new positions (at most the last `cap`) in their slots.
+        let from = o.max(end - cap);
+        write_ring(keys, &k.index((.., .., (from - o).., ..)), from, cap);
+        write_ring(values, &v.index((.., .., (from - o).., ..)), from, cap);
         self.offset = end;
+        self.stored = (self.stored + l).min(cap);
         Ok((full_k, full_v, AttentionMask::Array(mask)))
     }
 
@@ -143,14 +164,18 @@ impl KvCache {
     }
 
     /// Forget the last `n` positions (speculative decoding rolls back rejected drafts this way;
-    /// the buffer is kept and later writes overwrite the stale tail).
-    /// A sliding-window cache cannot roll back (its ring has overwritten older positions) and
-    /// trims nothing.
+    /// the buffer is kept and later writes overwrite the stale tail). Returns how many were
+    /// forgotten: a sliding-window cache keeps `SLIDING_SLACK` positions beyond its window for
+    /// this and can roll back no further than they reach.
     pub fn trim(&mut self, n: i32) -> i32 {
-        if self.window.is_some() {
-            return 0;
+        let mut n = n.clamp(0, self.offset);
+        if let Some(w) = self.window {
+            // What stays stored must still cover the window of the new last position.
+            while n > 0 && self.stored - n < (self.offset - n).min(w) {
+                n -= 1;
+            }
+            self.stored -= n;
         }
-        let n = n.min(self.offset);
         self.offset -= n;
         n
     }

@@ -12,6 +12,7 @@ pub mod model;
 pub mod paths;
 pub mod platform;
 pub mod sampler;
+pub mod speculative;
 pub mod tokenizer;
 
 pub use error::{EngineError, Result};

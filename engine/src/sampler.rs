@@ -2,7 +2,7 @@
 //! current token reaches the host (see `generate`).
 
 use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
-use mlx_rs::ops::{self, argpartition_axis, cumsum};
+use mlx_rs::ops::{self, argpartition_axis, concatenate, cumsum};
 use mlx_rs::{random, Array};
 use serde::{Deserialize, Serialize};
 
@@ -111,37 +111,90 @@ impl Sampler {
 
     /// `logits`: [1, V] (any float dtype) → the chosen token id, shape [1], still lazy.
     pub fn sample(&mut self, logits: &Array) -> Result<Array> {
+        let logits = self.penalised(logits, None)?;
+        let token = if self.is_greedy() {
+            argmax_axis(&logits, -1, None)?
+        } else {
+            let key = self.next_key()?;
+            random::categorical(&self.filtered(&logits)?, -1, None, &key)?
+        };
+        self.observe(&token)?;
+        Ok(token)
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature == 0.0
+    }
+
+    /// A fresh random key, advancing the generation's seeded stream.
+    pub fn next_key(&mut self) -> Result<Array> {
+        let (next, sub) = random::split(&self.key, 2)?;
+        self.key = next;
+        Ok(sub)
+    }
+
+    /// Apply the repetition / presence / frequency penalties to `logits` ([R, V]) as f32.
+    /// `drafted` ([R - 1] token ids) are tokens not yet taken, one per row: row j is penalised
+    /// as if `drafted[..j]` had been generated (speculative verification scores R positions
+    /// at once).
+    pub fn penalised(&self, logits: &Array, drafted: Option<&Array>) -> Result<Array> {
         let mut logits = logits.as_dtype(mlx_rs::Dtype::Float32)?;
         let p = &self.params;
+        let extra = match (drafted, &self.vocab_ids) {
+            (Some(d), Some(ids)) if d.size() > 0 => {
+                let one_hot = ids.reshape(&[1, -1])?.eq(&d.reshape(&[-1, 1])?)?.as_dtype(mlx_rs::Dtype::Float32)?;
+                let before = cumsum(&one_hot, 0, None, None)?;
+                Some(concatenate(&[ops::zeros::<f32>(&[1, self.vocab])?, before], 0)?)
+            }
+            _ => None,
+        };
         if let Some(seen) = &self.seen {
+            let seen = match &extra {
+                Some(e) => ops::maximum(seen, e)?,
+                None => seen.clone(),
+            };
             let penalised = ops::select(&logits.lt(&Array::from_f32(0.0))?, &logits.multiply(Array::from_f32(p.repetition_penalty))?, &logits.divide(Array::from_f32(p.repetition_penalty))?)?;
             logits = ops::select(&seen.gt(&Array::from_f32(0.0))?, &penalised, &logits)?;
         }
         if let Some(counts) = &self.counts {
+            let counts = match &extra {
+                Some(e) => counts.add(e)?,
+                None => counts.clone(),
+            };
             let presence = counts.gt(&Array::from_f32(0.0))?.as_dtype(mlx_rs::Dtype::Float32)?;
             logits = logits
                 .subtract(presence.multiply(Array::from_f32(p.presence_penalty))?)?
                 .subtract(counts.multiply(Array::from_f32(p.frequency_penalty))?)?;
         }
-        let token = if p.temperature == 0.0 {
-            argmax_axis(&logits, -1, None)?
-        } else {
-            let mut logits = logits.multiply(Array::from_f32(1.0 / p.temperature))?;
-            if p.top_k > 0 && (p.top_k as i32) < self.vocab {
-                logits = keep_top_k(&logits, p.top_k as i32)?;
+        Ok(logits)
+    }
+
+    /// Temperature, then top-k, min-p and top-p as -inf logits: what `sample` draws from when
+    /// not greedy. `logits`: [R, V] f32.
+    pub fn filtered(&self, logits: &Array) -> Result<Array> {
+        let p = &self.params;
+        let mut logits = logits.multiply(Array::from_f32(1.0 / p.temperature))?;
+        if p.top_k > 0 && (p.top_k as i32) < self.vocab {
+            logits = keep_top_k(&logits, p.top_k as i32)?;
+        }
+        if p.min_p > 0.0 {
+            logits = keep_min_p(&logits, p.min_p)?;
+        }
+        if p.top_p < 1.0 {
+            logits = keep_top_p(&logits, p.top_p)?;
+        }
+        Ok(logits)
+    }
+
+    /// Record tokens taken outside `sample` (speculative decoding's accepted drafts).
+    pub fn observe_ids(&mut self, ids: &[u32]) -> Result<()> {
+        for &id in ids {
+            if self.vocab_ids.is_none() {
+                break;
             }
-            if p.min_p > 0.0 {
-                logits = keep_min_p(&logits, p.min_p)?;
-            }
-            if p.top_p < 1.0 {
-                logits = keep_top_p(&logits, p.top_p)?;
-            }
-            let (next, sub) = random::split(&self.key, 2)?;
-            self.key = next;
-            random::categorical(&logits, -1, None, &sub)?
-        };
-        self.observe(&token)?;
-        Ok(token)
+            self.observe(&Array::from_slice(&[id], &[1]))?;
+        }
+        Ok(())
     }
 
     fn observe(&mut self, token: &Array) -> Result<()> {

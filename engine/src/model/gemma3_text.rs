@@ -5,7 +5,7 @@
 
 use mlx_rs::Array;
 
-use super::layers::{Attention, AttentionShape, Embedding, Mlp, RmsNorm, Rope};
+use super::layers::{Attention, AttentionShape, Embedding, Mlp, RmsNorm, Rope, HOST_HEAD_MAX_ROWS};
 use super::weights::Weights;
 use super::{Architecture, ModelConfig};
 use crate::error::Result;
@@ -107,17 +107,24 @@ pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<Gemma3Text> {
 }
 
 impl Architecture for Gemma3Text {
-    fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
-        let mut h = self.embed.forward(tokens)?;
-        h = h.multiply(Array::from_f32(self.embed_scale).as_dtype(h.dtype())?)?;
+    fn hidden(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
+        let mut h = self.embed(tokens)?;
         for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
             h = block.forward(&h, cache)?;
         }
-        let h = self.norm.forward(&h)?;
+        self.norm.forward(&h)
+    }
+
+    fn logits(&self, h: &Array) -> Result<Array> {
         match &self.host_head {
-            Some(host) if h.shape()[1] == 1 => host.forward(&h),
-            _ => self.embed.as_linear(&h),
+            Some(host) if h.shape()[1] <= HOST_HEAD_MAX_ROWS => host.forward(h),
+            _ => self.embed.as_linear(h),
         }
+    }
+
+    fn embed(&self, tokens: &Array) -> Result<Array> {
+        let h = self.embed.forward(tokens)?;
+        Ok(h.multiply(Array::from_f32(self.embed_scale).as_dtype(h.dtype())?)?)
     }
 
     fn num_layers(&self) -> usize {

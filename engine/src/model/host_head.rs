@@ -56,63 +56,81 @@ impl HostHead {
         Ok(Some(HostHead { rows, cols, quants, scales }))
     }
 
-    /// Logits [1, 1, rows] for one hidden state `h` ([1, 1, cols]).
+    /// Logits [1, L, rows] for hidden states `h` ([1, L, cols]). Each table row is read once
+    /// for all L states, so verifying a few drafted tokens costs about as much as one step.
     pub fn forward(&self, h: &Array) -> Result<Array> {
+        let l = h.shape()[1] as usize;
         let h = h.as_dtype(mlx_rs::Dtype::Float32)?;
         h.eval()?;
         let x = h.as_slice::<f32>();
-        let mut out = vec![0f32; self.rows];
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 8);
         let per = self.rows.div_ceil(threads);
+        // Each thread fills [its rows, L]; transposed to [L, rows] below.
+        let mut parts = vec![Vec::new(); self.rows.div_ceil(per)];
         std::thread::scope(|s| {
-            for (t, chunk) in out.chunks_mut(per).enumerate() {
+            for (t, part) in parts.iter_mut().enumerate() {
                 let first = t * per;
-                s.spawn(move || self.rows_into(first, chunk, x));
+                let n = per.min(self.rows - first);
+                s.spawn(move || {
+                    *part = vec![0f32; n * l];
+                    self.rows_into(first, part, x, l);
+                });
             }
         });
-        Ok(Array::from_slice(&out, &[1, 1, self.rows as i32]))
+        let mut out = vec![0f32; self.rows * l];
+        for (t, part) in parts.iter().enumerate() {
+            for (i, values) in part.chunks_exact(l).enumerate() {
+                for (j, v) in values.iter().enumerate() {
+                    out[j * self.rows + t * per + i] = *v;
+                }
+            }
+        }
+        Ok(Array::from_slice(&out, &[1, l as i32, self.rows as i32]))
     }
 
-    fn rows_into(&self, first: usize, out: &mut [f32], x: &[f32]) {
+    fn rows_into(&self, first: usize, out: &mut [f32], x: &[f32], l: usize) {
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
             // SAFETY: the features were just detected on this CPU.
-            unsafe { self.rows_into_avx2(first, out, x) };
+            unsafe { self.rows_into_avx2(first, out, x, l) };
             return;
         }
-        self.rows_into_plain(first, out, x);
+        self.rows_into_plain(first, out, x, l);
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn rows_into_avx2(&self, first: usize, out: &mut [f32], x: &[f32]) {
-        self.rows_into_plain(first, out, x);
+    unsafe fn rows_into_avx2(&self, first: usize, out: &mut [f32], x: &[f32], l: usize) {
+        self.rows_into_plain(first, out, x, l);
     }
 
     /// Written so the compiler vectorizes the 32-wide block into 8-lane FMAs (with AVX2 when
     /// called from above): fixed-size arrays, no bounds checks in the inner loops.
     #[inline(always)]
-    fn rows_into_plain(&self, first: usize, out: &mut [f32], x: &[f32]) {
+    fn rows_into_plain(&self, first: usize, out: &mut [f32], x: &[f32], l: usize) {
         let blocks = self.cols / BLOCK;
         let xs: Vec<&[f32; BLOCK]> = x.chunks_exact(BLOCK).map(|c| c.try_into().unwrap()).collect();
-        for (i, o) in out.iter_mut().enumerate() {
+        for (i, o) in out.chunks_exact_mut(l).enumerate() {
             let row = first + i;
             let q = &self.quants[row * self.cols..(row + 1) * self.cols];
             let d = &self.scales[row * blocks..(row + 1) * blocks];
-            let mut acc = [0f32; 8];
-            for ((qb, xb), &scale) in q.chunks_exact(BLOCK).zip(&xs).zip(d) {
-                let qb: &[i8; BLOCK] = qb.try_into().unwrap();
-                let mut sum = [0f32; 8];
-                for k in 0..BLOCK / 8 {
+            for (j, o) in o.iter_mut().enumerate() {
+                let xs = &xs[j * blocks..(j + 1) * blocks];
+                let mut acc = [0f32; 8];
+                for ((qb, xb), &scale) in q.chunks_exact(BLOCK).zip(xs).zip(d) {
+                    let qb: &[i8; BLOCK] = qb.try_into().unwrap();
+                    let mut sum = [0f32; 8];
+                    for k in 0..BLOCK / 8 {
+                        for l in 0..8 {
+                            sum[l] += qb[k * 8 + l] as f32 * xb[k * 8 + l];
+                        }
+                    }
                     for l in 0..8 {
-                        sum[l] += qb[k * 8 + l] as f32 * xb[k * 8 + l];
+                        acc[l] += scale * sum[l];
                     }
                 }
-                for l in 0..8 {
-                    acc[l] += scale * sum[l];
-                }
+                *o = acc.iter().sum();
             }
-            *o = acc.iter().sum();
         }
     }
 }
@@ -137,8 +155,9 @@ mod tests {
         }
         let table = Array::from_slice(&data, &[rows as i32, cols as i32]);
         let head = HostHead::new(&table).unwrap().expect("large enough for the host head");
-        let x: Vec<f32> = (0..cols).map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0).collect();
-        let h = Array::from_slice(&x, &[1, 1, cols as i32]);
+        // Three hidden states at once, as when verifying drafted tokens.
+        let x: Vec<f32> = (0..3 * cols).map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0).collect();
+        let h = Array::from_slice(&x, &[1, 3, cols as i32]);
         let got = head.forward(&h).unwrap();
         let want = h.matmul(table.t()).unwrap();
         let (got, want) = (got.as_slice::<f32>(), want.as_slice::<f32>());

@@ -427,6 +427,20 @@ pub struct PreNormBlock {
 }
 
 impl PreNormBlock {
+    /// Load `{p}.input_layernorm`, `{p}.self_attn.*`, `{p}.post_attention_layernorm`, `{p}.mlp.*`.
+    pub fn load(cfg: &ModelConfig, w: &mut Weights, p: &str, s: &StackShape) -> Result<PreNormBlock> {
+        let hidden = s.attention.hidden;
+        // Some exports carry precomputed rotary tables; they are derived from the config.
+        w.remove_unused(&format!("{p}.self_attn.rotary_emb.inv_freq"));
+        let rope = Rope::from_config(cfg, s.attention.head_dim, s.rope_base)?;
+        Ok(PreNormBlock {
+            input_norm: RmsNorm::load(w, &format!("{p}.input_layernorm"), hidden, s.norm_eps)?,
+            attention: Attention::load(w, cfg, &format!("{p}.self_attn"), &s.attention, rope)?,
+            post_attention_norm: RmsNorm::load(w, &format!("{p}.post_attention_layernorm"), hidden, s.norm_eps)?,
+            mlp: Mlp::load(w, cfg, &format!("{p}.mlp"), hidden, s.intermediate, s.mlp_bias)?,
+        })
+    }
+
     pub fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
         let h = x.add(self.attention.forward(&self.input_norm.forward(x)?, cache)?)?;
         Ok(h.add(self.mlp.forward(&self.post_attention_norm.forward(&h)?)?)?)
@@ -445,20 +459,26 @@ pub struct DecoderStack {
     pub host_head: Option<super::host_head::HostHead>,
 }
 
+/// Up to this many positions per call, a tied head on the host beats MLX's (decode steps and
+/// speculative verification; prefill never asks for more than one position's logits).
+pub const HOST_HEAD_MAX_ROWS: i32 = 32;
+
 impl DecoderStack {
-    pub fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
+    pub fn hidden(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
         let mut h = self.embed.forward(tokens)?;
         for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
             h = block.forward(&h, cache)?;
         }
-        let h = self.norm.forward(&h)?;
-        match (&self.lm_head, &self.host_head) {
-            (Some(head), _) => head.forward(&h),
-            (None, Some(host)) if h.shape()[1] == 1 => host.forward(&h),
-            (None, _) => self.embed.as_linear(&h),
-        }
+        self.norm.forward(&h)
     }
 
+    pub fn logits(&self, h: &Array) -> Result<Array> {
+        match (&self.lm_head, &self.host_head) {
+            (Some(head), _) => head.forward(h),
+            (None, Some(host)) if h.shape()[1] <= HOST_HEAD_MAX_ROWS => host.forward(h),
+            (None, _) => self.embed.as_linear(h),
+        }
+    }
 }
 
 /// How a Llama-family stack is shaped; the architecture files fill this in from config.json.
@@ -501,8 +521,16 @@ impl StackShape {
 }
 
 impl super::Architecture for DecoderStack {
-    fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
-        DecoderStack::forward(self, tokens, caches)
+    fn hidden(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
+        DecoderStack::hidden(self, tokens, caches)
+    }
+
+    fn logits(&self, hidden: &Array) -> Result<Array> {
+        DecoderStack::logits(self, hidden)
+    }
+
+    fn embed(&self, tokens: &Array) -> Result<Array> {
+        self.embed.forward(tokens)
     }
 
     fn num_layers(&self) -> usize {
@@ -519,15 +547,7 @@ impl DecoderStack {
         let mut blocks = Vec::with_capacity(s.layers as usize);
         for i in 0..s.layers {
             let p = format!("model.layers.{i}");
-            // Some exports carry precomputed rotary tables; they are derived from the config.
-            w.remove_unused(&format!("{p}.self_attn.rotary_emb.inv_freq"));
-            let rope = Rope::from_config(cfg, s.attention.head_dim, s.rope_base)?;
-            blocks.push(PreNormBlock {
-                input_norm: RmsNorm::load(w, &format!("{p}.input_layernorm"), hidden, s.norm_eps)?,
-                attention: Attention::load(w, cfg, &format!("{p}.self_attn"), &s.attention, rope)?,
-                post_attention_norm: RmsNorm::load(w, &format!("{p}.post_attention_layernorm"), hidden, s.norm_eps)?,
-                mlp: Mlp::load(w, cfg, &format!("{p}.mlp"), hidden, s.intermediate, s.mlp_bias)?,
-            });
+            blocks.push(PreNormBlock::load(cfg, w, &p, s)?);
         }
         let norm = RmsNorm::load(w, "model.norm", hidden, s.norm_eps)?;
         let tied = match cfg.raw.get("tie_word_embeddings").and_then(|v| v.as_bool()) {

@@ -6,6 +6,7 @@ pub mod gemma3_text;
 pub mod host_head;
 pub mod layers;
 pub mod llama;
+pub mod mtp;
 pub mod qwen2;
 pub mod qwen3;
 pub mod weights;
@@ -26,8 +27,17 @@ pub const SUPPORTED_ARCHITECTURES: &str = "llama, qwen2, qwen3, gemma3_text";
 
 /// A decoder-only language model.
 pub trait Architecture: Send {
-    /// `tokens`: [B, L] int32 → logits [B, L, vocab]; appends to `caches` (one per layer).
-    fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array>;
+    /// `tokens`: [B, L] int32 → final hidden states [B, L, hidden] (after the last norm, as
+    /// the output head and an MTP head read them); appends to `caches` (one per layer).
+    fn hidden(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array>;
+    /// The output head: hidden states [B, L, hidden] → logits [B, L, vocab].
+    fn logits(&self, hidden: &Array) -> Result<Array>;
+    /// Token embeddings as the first layer sees them.
+    fn embed(&self, tokens: &Array) -> Result<Array>;
+    /// `tokens`: [B, L] int32 → logits [B, L, vocab].
+    fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
+        self.logits(&self.hidden(tokens, caches)?)
+    }
     fn num_layers(&self) -> usize;
     fn new_caches(&self) -> Vec<KvCache> {
         (0..self.num_layers()).map(|_| KvCache::new()).collect()
@@ -136,6 +146,9 @@ pub struct LoadedModel {
     pub dir: PathBuf,
     pub architecture: String,
     pub net: Box<dyn Architecture>,
+    /// The multi-token prediction head, when the weights carry one (a draft model for
+    /// speculative decoding).
+    pub mtp: Option<mtp::MtpHead>,
     pub tokenizer: Tokenizer,
     pub vocab_size: usize,
     pub context_length: usize,
@@ -166,12 +179,19 @@ pub fn load_model(dir: &Path) -> Result<LoadedModel> {
     let cfg = ModelConfig::read(dir)?;
     let architecture = cfg.str("model_type")?.to_string();
     let mut weights = Weights::load(dir)?;
-    let net: Box<dyn Architecture> = match architecture.as_str() {
-        "llama" => Box::new(llama::load(&cfg, &mut weights)?),
-        "qwen2" => Box::new(qwen2::load(&cfg, &mut weights)?),
-        "qwen3" => Box::new(qwen3::load(&cfg, &mut weights)?),
-        "gemma3_text" => Box::new(gemma3_text::load(&cfg, &mut weights)?),
-        other => return Err(EngineError::UnknownArchitecture(other.to_string(), SUPPORTED_ARCHITECTURES)),
+    let stack_shape = match architecture.as_str() {
+        "llama" => Some(llama::shape(&cfg)?),
+        "qwen2" => Some(qwen2::shape(&cfg)?),
+        "qwen3" => Some(qwen3::shape(&cfg)?),
+        _ => None,
+    };
+    let (net, mtp): (Box<dyn Architecture>, Option<mtp::MtpHead>) = match (architecture.as_str(), &stack_shape) {
+        (_, Some(shape)) => {
+            let stack = layers::DecoderStack::load(&cfg, &mut weights, shape)?;
+            (Box::new(stack), mtp::MtpHead::load(&cfg, &mut weights, shape)?)
+        }
+        ("gemma3_text", None) => (Box::new(gemma3_text::load(&cfg, &mut weights)?), None),
+        (other, None) => return Err(EngineError::UnknownArchitecture(other.to_string(), SUPPORTED_ARCHITECTURES)),
     };
     let leftover = weights.leftover();
     if !leftover.is_empty() {
@@ -194,6 +214,7 @@ pub fn load_model(dir: &Path) -> Result<LoadedModel> {
         context_length: cfg.int_or("max_position_embeddings", 4096)? as usize,
         compute_dtype: weights.compute_dtype(),
         net,
+        mtp,
         tokenizer,
     })
 }

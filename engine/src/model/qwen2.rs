@@ -1,8 +1,7 @@
 //! Qwen 2 / 2.5: the Llama block with biases on the query, key and value projections (none
 //! on the output projection), `head_dim` = hidden / heads, RoPE base 1e6 by default.
 
-use super::layers::{DecoderStack, StackShape};
-use super::weights::Weights;
+use super::layers::StackShape;
 use super::ModelConfig;
 use crate::error::Result;
 
@@ -13,8 +12,4 @@ pub fn shape(cfg: &ModelConfig) -> Result<StackShape> {
     s.attention.out_bias = false;
     s.mlp_bias = false;
     Ok(s)
-}
-
-pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<DecoderStack> {
-    DecoderStack::load(cfg, w, &shape(cfg)?)
 }

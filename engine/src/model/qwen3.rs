@@ -1,8 +1,7 @@
 //! Qwen 3 (dense): the Llama block without projection biases, an explicit `head_dim`, and a
 //! per-head RMS norm on queries and keys before RoPE.
 
-use super::layers::{DecoderStack, StackShape};
-use super::weights::Weights;
+use super::layers::StackShape;
 use super::ModelConfig;
 use crate::error::Result;
 
@@ -11,8 +10,4 @@ pub fn shape(cfg: &ModelConfig) -> Result<StackShape> {
     s.attention.qk_norm_eps = Some(s.norm_eps);
     s.mlp_bias = false;
     Ok(s)
-}
-
-pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<DecoderStack> {
-    DecoderStack::load(cfg, w, &shape(cfg)?)
 }

@@ -6,7 +6,11 @@ use std::path::PathBuf;
 use mlx_rs::Array;
 use perch_engine::{load_model, LoadedModel};
 
-pub const FIXTURES: &[&str] = &["llama", "qwen2", "qwen3", "llama-bf16", "qwen2-f16", "qwen3-4bit", "llama-8bit", "gemma3"];
+pub const FIXTURES: &[&str] = &["llama", "qwen2", "qwen3", "llama-bf16", "qwen2-f16", "qwen3-4bit", "llama-8bit", "gemma3", MTP_FIXTURE];
+
+/// The trained fixture with an MTP head (scripts/make-mtp-fixture.py); its goldens come from
+/// the training script, not mlx-lm, which does not load MTP weights.
+pub const MTP_FIXTURE: &str = "qwen3-mtp";
 
 pub fn fixture_dir(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(name)
