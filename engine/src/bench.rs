@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::generate::{generate, GenerateParams};
+use crate::generate::{generate, DraftMode, DraftStats, GenerateParams};
 use crate::model::LoadedModel;
 
 #[derive(Debug, Clone, Serialize)]
@@ -62,6 +62,86 @@ pub fn run(model: &LoadedModel, runs: usize, decode_tokens: usize) -> Result<Ben
         peak_mlx_memory_bytes: mlx_rs::memory::peak_memory().unwrap_or(0) as u64,
         peak_rss_bytes: peak_rss_bytes(),
     })
+}
+
+/// A code-editing prompt: code, then the start of the same code with a small change, the
+/// kind of request prompt lookup speeds up.
+pub const CODE_EDIT: &str = include_str!("bench_code_edit.txt");
+
+/// Decoding with drafts against plain decoding, alternating in the same run.
+#[derive(Debug, Clone, Serialize)]
+pub struct DraftBenchReport {
+    pub model: String,
+    pub draft: DraftMode,
+    pub prompt_tokens: usize,
+    pub decode_tokens: usize,
+    pub runs: usize,
+    pub plain_decode_tok_s: f64,
+    pub draft_decode_tok_s: f64,
+    /// Draft over plain decode speed (medians).
+    pub speedup: f64,
+    /// The greedy tokens were identical with and without drafts.
+    pub identical_output: bool,
+    /// Statistics of the last run with drafts.
+    pub stats: DraftStats,
+}
+
+/// Greedy decoding of `decode_tokens` after `prompt`, with and without `draft`, `runs` times
+/// each (alternating, after one untimed warm-up of each).
+pub fn run_draft(model: &LoadedModel, prompt: &[u32], draft: DraftMode, runs: usize, decode_tokens: usize) -> Result<DraftBenchReport> {
+    let runs = runs.max(1);
+    let plain = GenerateParams { max_tokens: decode_tokens, ignore_eos: true, ..Default::default() };
+    let drafted = GenerateParams { draft: draft.clone(), ..plain.clone() };
+    generate(model, prompt, &GenerateParams { max_tokens: 8, ..plain.clone() }, None, |_| {})?;
+    generate(model, prompt, &GenerateParams { max_tokens: 8, ..drafted.clone() }, None, |_| {})?;
+    let (mut p, mut d, mut identical, mut stats) = (vec![], vec![], true, DraftStats::default());
+    for _ in 0..runs {
+        let a = generate(model, prompt, &plain, None, |_| {})?;
+        let b = generate(model, prompt, &drafted, None, |_| {})?;
+        p.push(a.decode_tokens_per_sec());
+        d.push(b.decode_tokens_per_sec());
+        identical &= a.tokens == b.tokens;
+        stats = b.draft.unwrap_or_default();
+    }
+    let (plain_decode_tok_s, draft_decode_tok_s) = (median(p), median(d));
+    Ok(DraftBenchReport {
+        model: model.id.clone(),
+        draft,
+        prompt_tokens: prompt.len(),
+        decode_tokens,
+        runs,
+        plain_decode_tok_s,
+        draft_decode_tok_s,
+        speedup: draft_decode_tok_s / plain_decode_tok_s.max(1e-9),
+        identical_output: identical,
+        stats,
+    })
+}
+
+impl DraftBenchReport {
+    pub fn table(&self) -> String {
+        let s = &self.stats;
+        format!(
+            "model            {}\ndraft            {:?}\nprompt           {} tok, decode {} tok, {} run(s) (median)\n\
+             plain decode     {:>9.1} tok/s\ndraft decode     {:>9.1} tok/s\nspeedup          {:>9.2}x\n\
+             acceptance       {:>9.3} (accepted/drafted by depth {:?} / {:?}), {} bonus, {} verify calls\n\
+             identical output {}\n",
+            self.model,
+            self.draft,
+            self.prompt_tokens,
+            self.decode_tokens,
+            self.runs,
+            self.plain_decode_tok_s,
+            self.draft_decode_tok_s,
+            self.speedup,
+            s.acceptance_rate,
+            s.accepted_by_depth,
+            s.drafted_by_depth,
+            s.bonus_tokens,
+            s.verify_calls,
+            self.identical_output
+        )
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

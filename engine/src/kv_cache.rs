@@ -190,3 +190,63 @@ impl KvCache {
         self.state().iter().map(|a| a.nbytes()).sum()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Which stored values each query sees, per query row.
+    fn visible(keys: &Array, mask: &AttentionMask, queries: usize) -> Vec<Vec<i64>> {
+        let vals: Vec<i64> = keys.as_slice::<f32>().iter().map(|v| *v as i64).collect();
+        let n = vals.len();
+        (0..queries)
+            .map(|q| {
+                let mut seen: Vec<i64> = match mask {
+                    AttentionMask::None => vals.clone(),
+                    AttentionMask::Causal => vals[..n - queries + q + 1].to_vec(),
+                    AttentionMask::Array(m) => {
+                        let m = m.as_slice::<bool>();
+                        (0..n).filter(|&k| m[(q * n + k) % m.len()]).map(|k| vals[k]).collect()
+                    }
+                };
+                seen.sort();
+                seen
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_sliding_cache_rolls_back_drafts_and_always_shows_exactly_the_window() {
+        // Value of position p written by write number v: p * 1000 + v. After a rollback, the
+        // next write of p must replace the stale one.
+        let w = 8;
+        let mut cache = KvCache::sliding(w);
+        let mut latest: Vec<i64> = vec![]; // value currently valid for each position
+        let mut rng = 99u64;
+        let mut next = |m: u64| {
+            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (rng >> 33) % m
+        };
+        for write in 0..400i64 {
+            let l = 1 + next(6) as i32;
+            let o = cache.offset();
+            let vals: Vec<f32> = (0..l).map(|i| ((o + i) as i64 * 1000 + write) as f32).collect();
+            let k = Array::from_slice(&vals, &[1, 1, l, 1]);
+            let (keys, _, mask) = cache.update(&k, &k).unwrap();
+            latest.truncate(o as usize);
+            latest.extend(vals.iter().map(|v| *v as i64));
+            for (q, seen) in visible(&keys, &mask, l as usize).into_iter().enumerate() {
+                let p = o as usize + q;
+                let mut want: Vec<i64> = latest[(p + 1).saturating_sub(w as usize)..=p].to_vec();
+                want.sort();
+                assert_eq!(seen, want, "write {write}: query at position {p}");
+            }
+            // Reject some of a multi-token write's tail, as a verify pass does.
+            if l > 1 {
+                let reject = next(l as u64) as i32;
+                assert_eq!(cache.trim(reject), reject);
+            }
+        }
+        assert!(cache.offset() > 4 * (w + SLIDING_SLACK), "the ring wrapped several times");
+    }
+}

@@ -48,6 +48,10 @@ enum Command {
         /// Send the prompt as is, without the model's chat template.
         #[arg(long)]
         raw: bool,
+        /// Speculative decoding: none, lookup (prompt lookup), mtp, mtp:DEPTH (1-3) or auto
+        /// (MTP when the model has a head, else lookup).
+        #[arg(long, default_value = "none")]
+        draft: String,
         /// Print token counts and speeds to stderr when done.
         #[arg(long, short)]
         verbose: bool,
@@ -86,6 +90,14 @@ enum Command {
         /// Print only the JSON report.
         #[arg(long)]
         json: bool,
+        /// Compare speculative decoding with plain decoding instead: none, lookup, mtp,
+        /// mtp:DEPTH or auto.
+        #[arg(long)]
+        draft: Option<String>,
+        /// Prompt for --draft (default: a code-editing prompt for lookup, the bench passage
+        /// otherwise).
+        #[arg(long)]
+        prompt: Option<String>,
     },
 }
 
@@ -115,7 +127,7 @@ fn load(spec: Option<String>, dir: &std::path::Path) -> anyhow::Result<perch_eng
 fn run(cli: Cli) -> anyhow::Result<()> {
     let dir = cli.models_dir.unwrap_or_else(models_dir);
     match cli.command {
-        Command::Run { model, max_tokens, temp, top_p, top_k, min_p, repetition_penalty, seed, stop, raw, verbose, prompt } => {
+        Command::Run { model, max_tokens, temp, top_p, top_k, min_p, repetition_penalty, seed, stop, raw, draft, verbose, prompt } => {
             let model = load(model, &dir)?;
             let ids = if !raw && model.tokenizer.has_chat_template() {
                 model.tokenizer.encode_chat(&[ChatMessage { role: "user".into(), content: prompt }])?
@@ -123,7 +135,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 model.tokenizer.encode(&prompt, true)?
             };
             let sampling = SamplingParams { temperature: temp, top_p, top_k, min_p, repetition_penalty, seed, ..Default::default() };
-            let params = GenerateParams { max_tokens, sampling, stop, ..Default::default() };
+            let draft = perch_engine::generate::DraftMode::parse(&draft, &model)?;
+            let params = GenerateParams { max_tokens, sampling, stop, draft, ..Default::default() };
             let mut out = std::io::stdout().lock();
             let g = generate(&model, &ids, &params, None, |piece| {
                 let _ = out.write_all(piece.as_bytes());
@@ -140,6 +153,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     g.ttft.as_secs_f64(),
                     g.finish_reason
                 );
+                if let Some(s) = &g.draft {
+                    eprintln!(
+                        "draft {}: acceptance {:.3}, accepted/drafted by depth {:?} / {:?}, {} bonus, {} verify calls",
+                        s.mode, s.acceptance_rate, s.accepted_by_depth, s.drafted_by_depth, s.bonus_tokens, s.verify_calls
+                    );
+                }
             }
         }
         Command::Import { file, name, quantize, dtype, overwrite } => {
@@ -177,8 +196,22 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
-        Command::Bench { model, runs, decode_tokens, json } => {
+        Command::Bench { model, runs, decode_tokens, json, draft, prompt } => {
             let model = load(model, &dir)?;
+            if let Some(draft) = draft {
+                let mode = perch_engine::generate::DraftMode::parse(&draft, &model)?;
+                let text = prompt.unwrap_or_else(|| match mode {
+                    perch_engine::generate::DraftMode::Lookup { .. } => bench::CODE_EDIT.to_string(),
+                    _ => bench::PASSAGE.to_string(),
+                });
+                let ids = model.tokenizer.encode(&text, true)?;
+                let report = bench::run_draft(&model, &ids, mode, runs, decode_tokens)?;
+                if !json {
+                    print!("{}", report.table());
+                }
+                println!("{}", serde_json::to_string(&report)?);
+                return Ok(());
+            }
             let report = bench::run(&model, runs, decode_tokens)?;
             if !json {
                 print!("{}", report.table());

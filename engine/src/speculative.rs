@@ -382,7 +382,10 @@ pub fn generate(
                 m.draft(model, &mut sampler, &confirmed, &taken, count)?
             }
             (None, DraftMode::Lookup { min_ngram, max_ngram, max_draft }) => {
-                Drafts::from_host(&lookup_draft(&history, *min_ngram, *max_ngram, (*max_draft).min(room)))
+                // Verifying a long wrong draft costs more than a plain step: draft length grows
+                // (doubling) while drafts are accepted and falls back to what was accepted + 1.
+                let len = if k > 0 && accepted == k { (2 * k).min(*max_draft) } else { (accepted + 1).min(*max_draft) };
+                Drafts::from_host(&lookup_draft(&history, *min_ngram, *max_ngram, len.min(room)))
             }
             _ => Drafts::none(),
         };

@@ -77,6 +77,29 @@ fn greedy_with_drafts_is_plain_greedy_on_every_fixture() {
 }
 
 #[test]
+fn greedy_with_prompt_lookup_is_plain_greedy_on_the_default_model() {
+    let Some(gguf) = gemma_gguf() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let model = import_default_model(&gguf, tmp.path());
+    let code_edit = include_str!("../src/bench_code_edit.txt");
+    // Rejections (a story) and long accepted runs (code copied with a change) past the
+    // 512-token sliding window, so the ring buffers roll back drafts after wrapping.
+    let long = format!("{}\n\nOnce upon a time, in a small village by the sea,", code_edit.repeat(4));
+    for text in ["Once upon a time", code_edit, &long] {
+        let prompt = model.tokenizer.encode(text, true).unwrap();
+        let plain = run(&model, &prompt, 64, SamplingParams::greedy(), DraftMode::None);
+        let spec = run(&model, &prompt, 64, SamplingParams::greedy(), DraftMode::lookup());
+        let s = spec.draft.clone().unwrap();
+        println!("{} prompt tokens: acceptance {:.3}, {} verify calls for {} tokens", prompt.len(), s.acceptance_rate, s.verify_calls, spec.tokens.len());
+        assert!(s.drafted_by_depth.first().is_some_and(|&d| d > 0), "no drafts on {text:?}");
+        if text == long {
+            assert!(prompt.len() > 600 && s.acceptance_rate < 1.0, "the long prompt must roll back drafts past the window");
+        }
+        assert_same_greedy(&model, &prompt, &plain.tokens, &spec.tokens, &format!("gemma {} tokens", prompt.len()));
+    }
+}
+
+#[test]
 fn the_mtp_head_matches_its_reference_logits() {
     let model = load_fixture(MTP_FIXTURE);
     let g = golden(MTP_FIXTURE);

@@ -70,3 +70,25 @@ pub fn relative_error(a: &[f32], b: &[f32]) -> f32 {
     let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
+
+/// The default model's GGUF (scripts/fetch-gemma-gguf), or `None` with a notice; CI must have it.
+pub fn gemma_gguf() -> Option<PathBuf> {
+    let gguf = std::env::var_os("PERCH_GEMMA_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.deps/gemma/gemma-3-270m-q4_k_m.gguf"));
+    if gguf.exists() {
+        return Some(gguf);
+    }
+    assert!(std::env::var_os("CI").is_none(), "CI must fetch the Gemma GGUF (scripts/fetch-gemma-gguf)");
+    eprintln!("SKIPPED: Gemma GGUF missing (run scripts/fetch-gemma-gguf)");
+    None
+}
+
+/// The default model as `scripts/setup-default-model` installs it on Linux (f32), imported into
+/// `dir`, computing in f32.
+pub fn import_default_model(gguf: &std::path::Path, dir: &std::path::Path) -> LoadedModel {
+    use perch_engine::gguf::import::{import, ImportOptions, Quantize, StoreDtype};
+    std::env::set_var("PERCH_DTYPE", "f32");
+    let opts = ImportOptions { name: Some("gemma-3-270m".into()), quantize: Quantize::None, dtype: StoreDtype::F32, overwrite: true };
+    load_model(&import(gguf, dir, &opts).unwrap()).unwrap()
+}
