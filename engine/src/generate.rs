@@ -28,11 +28,15 @@ pub struct GenerateParams {
     pub ignore_eos: bool,
     /// Speculative decoding: where draft tokens come from (none: plain decoding).
     pub draft: DraftMode,
+    /// Report each token's log-probability and this many most likely alternatives.
+    pub logprobs: Option<usize>,
+    /// Constrain the output to one JSON object (ends when the object is complete).
+    pub json_mode: bool,
 }
 
 impl Default for GenerateParams {
     fn default() -> Self {
-        GenerateParams { max_tokens: 256, sampling: SamplingParams::default(), stop: vec![], prefill_chunk: 512, ignore_eos: false, draft: DraftMode::None }
+        GenerateParams { max_tokens: 256, sampling: SamplingParams::default(), stop: vec![], prefill_chunk: 512, ignore_eos: false, draft: DraftMode::None, logprobs: None, json_mode: false }
     }
 }
 
@@ -58,6 +62,25 @@ pub struct Generation {
     pub decode_time: Duration,
     /// Speculative decoding's statistics; `None` for plain decoding.
     pub draft: Option<DraftStats>,
+    /// One entry per generated token when `GenerateParams::logprobs` asked for them.
+    pub logprobs: Vec<TokenLogprob>,
+}
+
+/// A generated token's log-probability under the model (log-softmax of its logits, before
+/// temperature and filters), with the most likely alternatives at that position.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub text: String,
+    pub logprob: f32,
+    pub top: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TopLogprob {
+    pub token: u32,
+    pub text: String,
+    pub logprob: f32,
 }
 
 impl Generation {
@@ -75,31 +98,23 @@ impl Generation {
     }
 }
 
-/// Generate from `prompt` token ids. `on_text` receives each new piece of text as soon as it
-/// is known to be final (whole UTF-8, not part of a possible stop string). Setting `cancel`
-/// ends the loop within one step.
+/// Plain decoding, with the next step queued (async_eval) while the host reads the current
+/// token.
 fn generate_plain(
     model: &LoadedModel,
     prompt: &[u32],
     params: &GenerateParams,
     cancel: Option<&AtomicBool>,
-    mut on_text: impl FnMut(&str),
+    on_piece: &mut dyn FnMut(&str, &[TokenLogprob]),
 ) -> Result<Generation> {
     let max_tokens = check_request(model, prompt, params)?;
-    let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Relaxed));
     let start = Instant::now();
     let mut sampler = Sampler::new(params.sampling.clone(), model.vocab_size, prompt)?;
     let mut caches = model.net.new_caches();
 
-    // Prefill all but the last prompt token in chunks, evaluating only the caches (the logits
-    // of these positions are never needed, so MLX never computes them).
-    let (head, last) = prompt.split_at(prompt.len() - 1);
-    for chunk in head.chunks(params.prefill_chunk.max(1)) {
-        if cancelled() {
-            return Ok(cancelled_early(prompt.len(), start));
-        }
-        model.net.forward(&token_array(chunk), &mut caches)?;
-        eval(caches.iter().flat_map(|c| c.state()))?;
+    let last = prompt[prompt.len() - 1];
+    if !prefill(model, &prompt[..prompt.len() - 1], params.prefill_chunk, &mut caches, cancel)? {
+        return Ok(cancelled_early(prompt.len(), start));
     }
 
     let mut step = |input: &Array, caches: &mut [crate::kv_cache::KvCache]| -> Result<Array> {
@@ -108,10 +123,10 @@ fn generate_plain(
         sampler.sample(&last)
     };
 
-    let mut y = step(&token_array(last), &mut caches)?;
+    let mut y = step(&token_array(&[last]), &mut caches)?;
     async_eval([&y])?;
 
-    let mut out = Output::new(model, params, max_tokens, cancel, &mut on_text);
+    let mut out = Output::new(model, params, max_tokens, cancel, on_piece);
     // The step queued behind the token being read; drained before returning so no MLX work
     // is left running when the caller (or the process) moves on.
     let mut queued: Option<Array> = None;
@@ -136,18 +151,50 @@ fn generate_plain(
     out.finish(prompt.len(), start, None)
 }
 
-/// Dispatch on `params.draft`: plain decoding or speculative decoding with a draft source.
+/// Generate from `prompt` token ids. `on_text` receives each new piece of text as soon as it
+/// is known to be final (whole UTF-8, not part of a possible stop string). Setting `cancel`
+/// ends the generation within one step.
 pub fn generate(
     model: &LoadedModel,
     prompt: &[u32],
     params: &GenerateParams,
     cancel: Option<&AtomicBool>,
-    on_text: impl FnMut(&str),
+    mut on_text: impl FnMut(&str),
 ) -> Result<Generation> {
-    match params.draft {
-        DraftMode::None => generate_plain(model, prompt, params, cancel, on_text),
-        _ => crate::speculative::generate(model, prompt, params, cancel, on_text),
+    generate_streaming(model, prompt, params, cancel, |t, _| on_text(t))
+}
+
+/// `generate`, with each piece's tokens' logprobs (when asked for) passed along.
+///
+/// Dispatch: logprobs and JSON mode need the host to see every step (`guided`); otherwise
+/// speculative decoding when a draft source is set, else plain pipelined decoding.
+pub fn generate_streaming(
+    model: &LoadedModel,
+    prompt: &[u32],
+    params: &GenerateParams,
+    cancel: Option<&AtomicBool>,
+    mut on_piece: impl FnMut(&str, &[TokenLogprob]),
+) -> Result<Generation> {
+    if params.logprobs.is_some() || params.json_mode {
+        return crate::guided::generate(model, prompt, params, cancel, &mut on_piece);
     }
+    match params.draft {
+        DraftMode::None => generate_plain(model, prompt, params, cancel, &mut on_piece),
+        _ => crate::speculative::generate(model, prompt, params, cancel, &mut on_piece),
+    }
+}
+
+/// Prefill `ids` in chunks, evaluating only the caches (the logits of these positions are
+/// never needed, so MLX never computes them). False if cancelled first.
+pub(crate) fn prefill(model: &LoadedModel, ids: &[u32], chunk: usize, caches: &mut [crate::kv_cache::KvCache], cancel: Option<&AtomicBool>) -> Result<bool> {
+    for chunk in ids.chunks(chunk.max(1)) {
+        if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return Ok(false);
+        }
+        model.net.forward(&token_array(chunk), caches)?;
+        eval(caches.iter().flat_map(|c| c.state()))?;
+    }
+    Ok(true)
 }
 
 /// Checks every decoding mode shares; returns the number of tokens that may be generated.
@@ -175,12 +222,15 @@ pub(crate) fn host_u32(a: &Array) -> Result<u32> {
 
 /// Where sampled tokens go: EOS, detokenizing, stop strings, cancellation, `max_tokens`, the
 /// caller's callback. Plain and speculative decoding share it, so they end the same way.
-pub(crate) struct Output<'a, F: FnMut(&str)> {
+pub(crate) struct Output<'a> {
     model: &'a LoadedModel,
     ignore_eos: bool,
     max_tokens: usize,
     cancel: Option<&'a AtomicBool>,
-    on_text: &'a mut F,
+    on_piece: &'a mut dyn FnMut(&str, &[TokenLogprob]),
+    /// Logprobs of tokens whose text has not been handed out yet, and all of them.
+    pending_lps: Vec<TokenLogprob>,
+    logprobs: Vec<TokenLogprob>,
     tokens: Vec<u32>,
     text: String,
     decoder: StreamDecoder,
@@ -189,14 +239,16 @@ pub(crate) struct Output<'a, F: FnMut(&str)> {
     first_at: Option<Instant>,
 }
 
-impl<'a, F: FnMut(&str)> Output<'a, F> {
-    pub fn new(model: &'a LoadedModel, params: &GenerateParams, max_tokens: usize, cancel: Option<&'a AtomicBool>, on_text: &'a mut F) -> Self {
+impl<'a> Output<'a> {
+    pub fn new(model: &'a LoadedModel, params: &GenerateParams, max_tokens: usize, cancel: Option<&'a AtomicBool>, on_piece: &'a mut dyn FnMut(&str, &[TokenLogprob])) -> Self {
         Output {
             model,
             ignore_eos: params.ignore_eos,
             max_tokens,
             cancel,
-            on_text,
+            on_piece,
+            pending_lps: Vec::new(),
+            logprobs: Vec::new(),
             tokens: Vec::new(),
             text: String::new(),
             decoder: StreamDecoder::new(),
@@ -208,6 +260,11 @@ impl<'a, F: FnMut(&str)> Output<'a, F> {
 
     /// Take the next sampled token; false once the generation is over.
     pub fn push(&mut self, id: u32) -> Result<bool> {
+        self.push_with(id, None)
+    }
+
+    /// `push`, with the token's logprobs.
+    pub fn push_with(&mut self, id: u32, lp: Option<TokenLogprob>) -> Result<bool> {
         if self.finish.is_some() {
             return Ok(false);
         }
@@ -216,10 +273,15 @@ impl<'a, F: FnMut(&str)> Output<'a, F> {
             return self.end(FinishReason::Stop);
         }
         self.tokens.push(id);
+        if let Some(lp) = lp {
+            self.pending_lps.push(lp.clone());
+            self.logprobs.push(lp);
+        }
         let piece = self.decoder.push(&self.model.tokenizer, id)?;
         let (ready, hit) = self.stops.push(&piece);
         if !ready.is_empty() {
-            (self.on_text)(&ready);
+            (self.on_piece)(&ready, &self.pending_lps);
+            self.pending_lps.clear();
             self.text.push_str(&ready);
         }
         if hit {
@@ -239,6 +301,11 @@ impl<'a, F: FnMut(&str)> Output<'a, F> {
         &self.tokens
     }
 
+    /// End the generation now (JSON mode: the object is complete).
+    pub fn stop(&mut self) {
+        self.finish.get_or_insert(FinishReason::Stop);
+    }
+
     fn end(&mut self, reason: FinishReason) -> Result<bool> {
         self.finish = Some(reason);
         Ok(false)
@@ -249,8 +316,8 @@ impl<'a, F: FnMut(&str)> Output<'a, F> {
             let tail = self.decoder.flush(&self.model.tokenizer)?;
             let (ready, _) = self.stops.push(&tail);
             let rest = format!("{ready}{}", self.stops.finish());
-            if !rest.is_empty() {
-                (self.on_text)(&rest);
+            if !rest.is_empty() || !self.pending_lps.is_empty() {
+                (self.on_piece)(&rest, &self.pending_lps);
                 self.text.push_str(&rest);
             }
         }
@@ -263,6 +330,7 @@ impl<'a, F: FnMut(&str)> Output<'a, F> {
             tokens: self.tokens,
             finish_reason: self.finish.unwrap_or(FinishReason::Length),
             draft,
+            logprobs: self.logprobs,
         })
     }
 }
@@ -280,6 +348,7 @@ pub(crate) fn cancelled_early(prompt_tokens: usize, start: Instant) -> Generatio
         ttft: start.elapsed(),
         decode_time: Duration::ZERO,
         draft: None,
+        logprobs: vec![],
     }
 }
 

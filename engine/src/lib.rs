@@ -7,11 +7,15 @@ pub mod bench;
 pub mod error;
 pub mod generate;
 pub mod gguf;
+pub mod guided;
+pub mod json_prefix;
 pub mod kv_cache;
 pub mod model;
 pub mod paths;
 pub mod platform;
+pub mod runtime;
 pub mod sampler;
+pub mod server;
 pub mod speculative;
 pub mod tokenizer;
 

@@ -57,6 +57,41 @@ enum Command {
         verbose: bool,
         prompt: String,
     },
+    /// Serve the OpenAI-compatible API (and /health, /metrics) on loopback.
+    Serve {
+        /// Installed model id or a model directory (default: the default model).
+        #[arg(long, short)]
+        model: Option<String>,
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        #[arg(long, default_value_t = perch_engine::server::DEFAULT_PORT)]
+        port: u16,
+        /// Require `Authorization: Bearer KEY` (mandatory when --host is not loopback; env
+        /// PERCH_API_KEY).
+        #[arg(long, env = "PERCH_API_KEY")]
+        api_key: Option<String>,
+        /// Web origin allowed to call the API from a browser (repeatable).
+        #[arg(long)]
+        allow_origin: Vec<String>,
+        /// Extra Host name requests may use besides localhost/127.0.0.1/::1 (repeatable).
+        #[arg(long)]
+        allow_host: Vec<String>,
+        /// Speculative decoding for every request: auto, none, lookup, mtp, mtp:N.
+        #[arg(long, default_value = "auto")]
+        draft: String,
+        /// Requests that may wait for their turn; more get 429.
+        #[arg(long, default_value_t = 32)]
+        max_queue: usize,
+        /// Largest request body in bytes.
+        #[arg(long, default_value_t = 4 << 20)]
+        max_body: usize,
+        /// Request log directory (default: the platform log directory); `none` disables it.
+        #[arg(long)]
+        log_dir: Option<String>,
+        /// Also log prompt and completion text.
+        #[arg(long)]
+        log_text: bool,
+    },
     /// Import a GGUF file as an installed model (MLX layout).
     Import {
         file: PathBuf,
@@ -176,6 +211,29 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let dir = import(&file, &dir, &ImportOptions { name, quantize, dtype, overwrite })?;
             println!("{}", dir.display());
+        }
+        Command::Serve { model, host, port, api_key, allow_origin, allow_host, draft, max_queue, max_body, log_dir, log_text } => {
+            use perch_engine::runtime::{Engine, EngineConfig};
+            use perch_engine::server::{ServeConfig, Server};
+            let spec = model.unwrap_or_else(|| DEFAULT_MODEL_ID.to_string());
+            model::resolve(&spec, &dir).map_err(|e| anyhow::anyhow!("{e}\n  models directory: {}\n  run `scripts/setup` to install the default model, or pass --model PATH", dir.display()))?;
+            let engine = Engine::start(EngineConfig { models_dir: dir.clone(), model: spec, draft, max_queue })?;
+            let log_dir = match log_dir.as_deref() {
+                Some("none") => None,
+                Some(d) => Some(PathBuf::from(d)),
+                None => Some(perch_engine::paths::log_dir()),
+            };
+            let config = ServeConfig { host, port, api_key, allowed_origins: allow_origin, allowed_hosts: allow_host, max_body_bytes: max_body, log_dir: log_dir.clone(), log_text, ..Default::default() };
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(async move {
+                let server = Server::start(std::sync::Arc::new(engine), config).await?;
+                eprintln!("perch: serving {} at {}/v1", server.app.engine.loaded().id, server.url());
+                if let Some(d) = log_dir {
+                    eprintln!("perch: request log in {}", d.display());
+                }
+                server.run_until_signal().await;
+                anyhow::Ok(())
+            })?;
         }
         Command::Models { json } => {
             let models = list_installed(&dir);

@@ -16,3 +16,14 @@ pub fn models_dir() -> PathBuf {
         .map(|d| d.data_dir().join("models"))
         .unwrap_or_else(|| PathBuf::from(".perch/models"))
 }
+
+/// Where logs go (the request log among them): `$PERCH_LOG_DIR`, else the platform's
+/// (`~/Library/Logs/...`-style cache directory on macOS, `~/.cache/perch/logs` on Linux).
+pub fn log_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PERCH_LOG_DIR") {
+        return PathBuf::from(dir);
+    }
+    directories::ProjectDirs::from("dev", "Perch", "Perch")
+        .map(|d| d.cache_dir().join("logs"))
+        .unwrap_or_else(|| PathBuf::from(".perch/logs"))
+}

@@ -20,7 +20,7 @@ use mlx_rs::{random, Array};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
-use crate::generate::{cancelled_early, check_request, token_array, GenerateParams, Generation, Output};
+use crate::generate::{cancelled_early, check_request, token_array, GenerateParams, Generation, Output, TokenLogprob};
 use crate::kv_cache::{KvCache, SLIDING_SLACK};
 use crate::model::mtp::MtpHead;
 use crate::model::LoadedModel;
@@ -284,7 +284,7 @@ pub fn generate(
     prompt: &[u32],
     params: &GenerateParams,
     cancel: Option<&AtomicBool>,
-    mut on_text: impl FnMut(&str),
+    on_piece: &mut dyn FnMut(&str, &[TokenLogprob]),
 ) -> Result<Generation> {
     let max_tokens = check_request(model, prompt, params)?;
     params.draft.validate(model)?;
@@ -319,7 +319,7 @@ pub fn generate(
         eval(state)?;
     }
 
-    let mut out = Output::new(model, params, max_tokens, cancel, &mut on_text);
+    let mut out = Output::new(model, params, max_tokens, cancel, on_piece);
     let mut history = prompt.to_vec();
     let mut y = last[0];
     let mut drafts = Drafts::none();

@@ -149,10 +149,22 @@ pub struct LoadedModel {
     /// The multi-token prediction head, when the weights carry one (a draft model for
     /// speculative decoding).
     pub mtp: Option<mtp::MtpHead>,
-    pub tokenizer: Tokenizer,
+    pub tokenizer: std::sync::Arc<Tokenizer>,
     pub vocab_size: usize,
     pub context_length: usize,
     pub compute_dtype: Dtype,
+    /// Each token's text on its own (JSON mode checks candidates against it); built on first use.
+    token_texts: std::sync::OnceLock<Vec<String>>,
+}
+
+impl LoadedModel {
+    pub fn token_texts(&self) -> Result<&[String]> {
+        if let Some(t) = self.token_texts.get() {
+            return Ok(t);
+        }
+        let texts = (0..self.vocab_size as u32).map(|id| self.tokenizer.decode(&[id]).unwrap_or_default()).collect();
+        Ok(self.token_texts.get_or_init(|| texts))
+    }
 }
 
 impl std::fmt::Debug for LoadedModel {
@@ -204,7 +216,7 @@ pub fn load_model(dir: &Path) -> Result<LoadedModel> {
             ),
         });
     }
-    let tokenizer = Tokenizer::load(dir, &cfg)?;
+    let tokenizer = std::sync::Arc::new(Tokenizer::load(dir, &cfg)?);
     let id = dir.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
     Ok(LoadedModel {
         id,
@@ -216,6 +228,7 @@ pub fn load_model(dir: &Path) -> Result<LoadedModel> {
         net,
         mtp,
         tokenizer,
+        token_texts: std::sync::OnceLock::new(),
     })
 }
 

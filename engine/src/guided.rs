@@ -1,0 +1,164 @@
+//! Decoding where the host looks at every step: per-token logprobs, and JSON mode, which
+//! only lets through tokens that keep the output a valid start of one JSON object and ends
+//! the generation when the object is complete. No pipelining here: each step's choice needs
+//! the host.
+
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::transforms::eval;
+
+use crate::error::{EngineError, Result};
+use crate::generate::{cancelled_early, check_request, host_u32, prefill, token_array, GenerateParams, Generation, Output, TokenLogprob, TopLogprob};
+use crate::json_prefix::JsonPrefix;
+use crate::model::LoadedModel;
+use crate::sampler::Sampler;
+
+/// Candidates checked against the JSON grammar before falling back to the whole vocabulary.
+const JSON_CANDIDATES: usize = 64;
+
+pub fn generate(
+    model: &LoadedModel,
+    prompt: &[u32],
+    params: &GenerateParams,
+    cancel: Option<&AtomicBool>,
+    on_piece: &mut dyn FnMut(&str, &[TokenLogprob]),
+) -> Result<Generation> {
+    let max_tokens = check_request(model, prompt, params)?;
+    let start = Instant::now();
+    let mut sampler = Sampler::new(params.sampling.clone(), model.vocab_size, prompt)?;
+    let mut caches = model.net.new_caches();
+    if !prefill(model, &prompt[..prompt.len() - 1], params.prefill_chunk, &mut caches, cancel)? {
+        return Ok(cancelled_early(prompt.len(), start));
+    }
+    let mut json = params.json_mode.then(JsonPrefix::new);
+    let texts = if params.json_mode { Some(model.token_texts()?) } else { None };
+    let mut rng = HostRng::new(params.sampling.seed.unwrap_or_else(|| start.elapsed().as_nanos() as u64 ^ 0x9E37_79B9_7F4A_7C15));
+    let mut out = Output::new(model, params, max_tokens, cancel, on_piece);
+    let mut input = prompt[prompt.len() - 1];
+    loop {
+        let logits = model.net.forward(&token_array(&[input]), &mut caches)?.index((.., -1, ..)).as_dtype(mlx_rs::Dtype::Float32)?;
+        let id = match (&json, &texts) {
+            (Some(j), Some(texts)) => {
+                let scores = sampler.penalised(&logits, None)?;
+                let scores = if sampler.is_greedy() { scores } else { sampler.filtered(&scores)? };
+                scores.eval()?;
+                let id = choose_json(scores.as_slice::<f32>(), j, texts, model, sampler.is_greedy(), &mut rng)?;
+                sampler.observe_ids(&[id])?;
+                id
+            }
+            _ => {
+                let y = sampler.sample(&logits)?;
+                eval([&y, &logits])?;
+                host_u32(&y)?
+            }
+        };
+        let lp = match params.logprobs {
+            Some(n) => Some(token_logprob(model, logits.as_slice::<f32>(), id, n)?),
+            None => None,
+        };
+        if let Some(j) = &mut json {
+            j.push_str(&texts.as_ref().unwrap()[id as usize]);
+        }
+        let going = out.push_with(id, lp)?;
+        if !going {
+            break;
+        }
+        if json.as_ref().is_some_and(|j| j.complete()) {
+            out.stop();
+            break;
+        }
+        input = id;
+    }
+    out.finish(prompt.len(), start, None)
+}
+
+fn token_logprob(model: &LoadedModel, logits: &[f32], id: u32, top: usize) -> Result<TokenLogprob> {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let lse = max + logits.iter().map(|&x| ((x - max) as f64).exp()).sum::<f64>().ln() as f32;
+    let text = |t: u32| model.tokenizer.decode(&[t]);
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    let top = top.min(order.len());
+    if top > 0 {
+        order.select_nth_unstable_by(top - 1, |a, b| logits[*b as usize].total_cmp(&logits[*a as usize]));
+        order.truncate(top);
+        order.sort_by(|a, b| logits[*b as usize].total_cmp(&logits[*a as usize]));
+    }
+    Ok(TokenLogprob {
+        token: id,
+        text: text(id)?,
+        logprob: logits[id as usize] - lse,
+        top: order.into_iter().take(top).map(|t| Ok(TopLogprob { token: t, text: text(t)?, logprob: logits[t as usize] - lse })).collect::<Result<_>>()?,
+    })
+}
+
+/// The best (greedy) or a sampled token among those the JSON grammar allows next. `scores`
+/// are the logits plain sampling would draw from (-inf where filtered out).
+fn choose_json(scores: &[f32], json: &JsonPrefix, texts: &[String], model: &LoadedModel, greedy: bool, rng: &mut HostRng) -> Result<u32> {
+    let allowed = |id: u32| {
+        let t = &texts[id as usize];
+        if t.is_empty() || model.tokenizer.is_eos(id) {
+            return false;
+        }
+        let mut j = json.clone();
+        j.push_str(t)
+    };
+    let mut order: Vec<u32> = (0..scores.len() as u32).filter(|&i| scores[i as usize].is_finite()).collect();
+    let by_score = |a: &u32, b: &u32| scores[*b as usize].total_cmp(&scores[*a as usize]);
+    // The few best usually include an allowed token; sort everything only when they do not.
+    let k = JSON_CANDIDATES.min(order.len());
+    if k > 0 {
+        order.select_nth_unstable_by(k - 1, by_score);
+    }
+    let (head, tail) = order.split_at_mut(k);
+    head.sort_by(by_score);
+    let mut pick = |candidates: &[u32]| -> Option<u32> {
+        let ok: Vec<u32> = candidates.iter().copied().filter(|&i| allowed(i)).collect();
+        if greedy {
+            return ok.first().copied();
+        }
+        // Sampling restricted to the allowed tokens: renormalise their probabilities.
+        let max = ok.iter().map(|&i| scores[i as usize]).fold(f32::NEG_INFINITY, f32::max);
+        let weights: Vec<f64> = ok.iter().map(|&i| ((scores[i as usize] - max) as f64).exp()).collect();
+        let total: f64 = weights.iter().sum();
+        let mut u = rng.next_f64() * total;
+        for (i, w) in ok.iter().zip(&weights) {
+            if u < *w {
+                return Some(*i);
+            }
+            u -= w;
+        }
+        ok.last().copied()
+    };
+    if let Some(id) = pick(head) {
+        return Ok(id);
+    }
+    let mut rest = tail.to_vec();
+    rest.sort_by(by_score);
+    if let Some(id) = pick(&rest) {
+        return Ok(id);
+    }
+    // The filters left nothing the grammar allows: fall back to the whole vocabulary.
+    let mut all: Vec<u32> = (0..scores.len() as u32).collect();
+    all.retain(|&i| allowed(i));
+    all.first().copied().ok_or_else(|| EngineError::InvalidRequest("JSON mode: no token of this vocabulary can continue the JSON".into()))
+}
+
+/// splitmix64: the host-side random stream for JSON mode's restricted sampling.
+struct HostRng(u64);
+
+impl HostRng {
+    fn new(seed: u64) -> HostRng {
+        HostRng(seed)
+    }
+
+    fn next_f64(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+

@@ -1,0 +1,138 @@
+//! The generation gate (SPEC §2): one generation at a time, waiters served first in first
+//! out, a bounded queue, and a non-queuing probe.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use serde::Serialize;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// How a generation asks for the gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Queue behind whoever holds or waits for it (user requests).
+    WaitForTurn,
+    /// Fail at once with `GateError::Busy` if it is taken (background work).
+    SkipIfBusy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum GateError {
+    #[error("the generation gate is busy")]
+    Busy,
+    #[error("too many requests are waiting ({0} queued)")]
+    QueueFull(usize),
+}
+
+/// Held while generating; dropping it lets the next waiter in.
+pub struct GatePermit {
+    _permit: OwnedSemaphorePermit,
+}
+
+pub struct Gate {
+    // tokio's semaphore queues acquirers fairly (FIFO), and dropping a pending acquire
+    // removes that waiter: cancellation while waiting comes for free.
+    sem: Arc<Semaphore>,
+    waiting: Arc<AtomicUsize>,
+    max_waiting: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct GateSnapshot {
+    pub busy: bool,
+    pub waiting: usize,
+    pub max_waiting: usize,
+}
+
+struct Waiting(Arc<AtomicUsize>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Gate {
+    pub fn new(max_waiting: usize) -> Gate {
+        Gate { sem: Arc::new(Semaphore::new(1)), waiting: Arc::new(AtomicUsize::new(0)), max_waiting }
+    }
+
+    /// A permit now if the gate is free and nobody waits; never queues, never disturbs waiters.
+    pub fn try_acquire(&self) -> Option<GatePermit> {
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        self.sem.clone().try_acquire_owned().ok().map(|p| GatePermit { _permit: p })
+    }
+
+    pub async fn acquire(&self, policy: Policy) -> Result<GatePermit, GateError> {
+        if policy == Policy::SkipIfBusy {
+            return self.try_acquire().ok_or(GateError::Busy);
+        }
+        if let Some(p) = self.try_acquire() {
+            return Ok(p);
+        }
+        let n = self.waiting.fetch_add(1, Ordering::SeqCst);
+        let waiting = Waiting(self.waiting.clone());
+        if n >= self.max_waiting {
+            return Err(GateError::QueueFull(n));
+        }
+        let permit = self.sem.clone().acquire_owned().await.expect("the gate's semaphore is never closed");
+        drop(waiting);
+        Ok(GatePermit { _permit: permit })
+    }
+
+    pub fn snapshot(&self) -> GateSnapshot {
+        GateSnapshot {
+            busy: self.sem.available_permits() == 0,
+            waiting: self.waiting.load(Ordering::SeqCst),
+            max_waiting: self.max_waiting,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn fifo_bounded_and_probes_leave_waiters_alone() {
+        let gate = Arc::new(Gate::new(2));
+        let held = gate.acquire(Policy::WaitForTurn).await.unwrap();
+        assert!(gate.try_acquire().is_none());
+        assert_eq!(gate.acquire(Policy::SkipIfBusy).await.err(), Some(GateError::Busy));
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for i in 0..2 {
+            let (g, o) = (gate.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let _p = g.acquire(Policy::WaitForTurn).await.unwrap();
+                o.lock().unwrap().push(i);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(gate.snapshot().waiting, 2);
+        assert_eq!(gate.acquire(Policy::WaitForTurn).await.err(), Some(GateError::QueueFull(2)));
+        assert!(gate.try_acquire().is_none(), "a probe must not jump the queue");
+        assert_eq!(gate.snapshot().waiting, 2, "failed attempts leave the queue as it was");
+        drop(held);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), vec![0, 1]);
+        assert!(gate.try_acquire().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_waiter_leaves_the_queue() {
+        let gate = Gate::new(4);
+        let held = gate.acquire(Policy::WaitForTurn).await.unwrap();
+        let timed_out = tokio::time::timeout(Duration::from_millis(20), gate.acquire(Policy::WaitForTurn)).await;
+        assert!(timed_out.is_err());
+        assert_eq!(gate.snapshot().waiting, 0);
+        drop(held);
+        assert!(gate.try_acquire().is_some());
+    }
+}

@@ -1,0 +1,106 @@
+//! What a request must pass before any handler runs: a `Host` that names this machine (DNS
+//! rebinding), an `Origin` that is allowed (CORS; cross-site pages may not even start a
+//! generation), and the API key when one is set.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use subtle::ConstantTimeEq;
+
+use super::error::ApiError;
+use super::App;
+
+/// Whether `host` (a Host header: name or address, optional port) is this machine by a
+/// loopback name, or one of the configured names.
+pub fn host_allowed(host: &str, extra: &[String]) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(n, port)| if port.chars().all(|c| c.is_ascii_digit()) { n } else { host }),
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    matches!(name.as_str(), "localhost" | "127.0.0.1" | "::1") || name.ends_with(".localhost") || extra.iter().any(|e| e.eq_ignore_ascii_case(&name))
+}
+
+/// The origins whose pages may call the API: configured ones, the engine's own UI (same
+/// origin), and the desktop app's webview.
+fn origin_allowed(origin: &str, headers: &HeaderMap, allowed: &[String]) -> bool {
+    let own = headers.get(header::HOST).and_then(|h| h.to_str().ok()).map(|h| format!("http://{h}"));
+    allowed.iter().any(|a| a == origin) || own.as_deref() == Some(origin) || matches!(origin, "tauri://localhost" | "http://tauri.localhost")
+}
+
+fn key_ok(headers: &HeaderMap, key: &str) -> bool {
+    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+    // Constant time in the key's content (the length may show; it is not secret).
+    given.len() == key.len() && bool::from(given.as_bytes().ct_eq(key.as_bytes()))
+}
+
+pub async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let headers = req.headers();
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+    if !app.config.any_host && !host_allowed(host, &app.config.allowed_hosts) {
+        let e = ApiError::new(StatusCode::FORBIDDEN, "permission_error", format!("Host `{host}` is not allowed: use 127.0.0.1 or localhost, or add the name to the allowed hosts")).code("host_not_allowed");
+        return e.into_response();
+    }
+    let origin = headers.get(header::ORIGIN).and_then(|o| o.to_str().ok()).map(String::from);
+    if let Some(o) = &origin {
+        if !origin_allowed(o, headers, &app.config.allowed_origins) {
+            let e = ApiError::new(StatusCode::FORBIDDEN, "permission_error", format!("Origin `{o}` is not allowed to use this API (configure allowed origins)")).code("origin_not_allowed");
+            return e.into_response();
+        }
+        if req.method() == Method::OPTIONS {
+            return cors(StatusCode::NO_CONTENT.into_response(), o);
+        }
+    }
+    if let Some(key) = &app.config.api_key {
+        if !key_ok(headers, key) {
+            let e = ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", "A valid API key is required: `Authorization: Bearer <key>`").code("invalid_api_key");
+            return e.into_response();
+        }
+    }
+    let response = next.run(req).await;
+    match origin {
+        Some(o) => cors(response, &o),
+        None => response,
+    }
+}
+
+fn cors(mut r: Response, origin: &str) -> Response {
+    let h = r.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(origin) {
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
+    }
+    h.insert(header::VARY, HeaderValue::from_static("Origin"));
+    h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, OPTIONS"));
+    h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, HeaderValue::from_static("authorization, content-type"));
+    h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts_pass_and_others_do_not() {
+        for ok in ["127.0.0.1:7342", "localhost", "LOCALHOST:80", "[::1]:7342", "app.localhost:1"] {
+            assert!(host_allowed(ok, &[]), "{ok}");
+        }
+        for bad in ["evil.com", "evil.com:7342", "127.0.0.1.evil.com", "", "[::2]:1", "localhost.evil.com"] {
+            assert!(!host_allowed(bad, &[]), "{bad}");
+        }
+        assert!(host_allowed("mymac.local:7342", &["mymac.local".into()]));
+    }
+
+    #[test]
+    fn api_keys_must_match_exactly() {
+        let mut h = HeaderMap::new();
+        assert!(!key_ok(&h, "k1"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k1"));
+        assert!(key_ok(&h, "k1"));
+        assert!(!key_ok(&h, "k10"));
+        assert!(!key_ok(&h, "k2"));
+    }
+}

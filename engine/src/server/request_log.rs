@@ -1,0 +1,77 @@
+//! The request log: one JSON line per user request in a size-capped, rotating file
+//! (`requests.jsonl`, then `.1`, `.2`, ...). Prompt and completion text only when asked.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Mutex;
+
+use file_rotate::compression::Compression;
+use file_rotate::suffix::AppendCount;
+use file_rotate::{ContentLimit, FileRotate};
+use serde::Serialize;
+
+use crate::generate::DraftStats;
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct RequestRecord {
+    pub id: String,
+    pub time_unix: f64,
+    pub endpoint: String,
+    pub model: String,
+    pub stream: bool,
+    pub status: u16,
+    pub prompt_tokens: usize,
+    /// Prompt tokens reused from a cache (no prompt cache yet: always 0).
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+    pub ttft_s: Option<f64>,
+    pub prefill_tok_s: Option<f64>,
+    pub decode_tok_s: Option<f64>,
+    pub finish_reason: Option<String>,
+    pub draft: Option<DraftStats>,
+    pub error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion: Option<String>,
+}
+
+pub struct RequestLog {
+    file: Mutex<FileRotate<AppendCount>>,
+    pub with_text: bool,
+}
+
+impl RequestLog {
+    /// `max_bytes` per file, `keep` rotated files besides the current one.
+    pub fn open(dir: &Path, max_bytes: usize, keep: usize, with_text: bool) -> std::io::Result<RequestLog> {
+        std::fs::create_dir_all(dir)?;
+        let file = FileRotate::new(
+            dir.join("requests.jsonl"),
+            AppendCount::new(keep),
+            ContentLimit::BytesSurpassed(max_bytes),
+            Compression::None,
+            #[cfg(unix)]
+            Some({
+                use std::os::unix::fs::OpenOptionsExt;
+                let mut o = std::fs::OpenOptions::new();
+                o.read(true).create(true).append(true).mode(0o600);
+                o
+            }),
+        );
+        // FileRotate swallows open errors; say so now rather than log nothing later.
+        let path = dir.join("requests.jsonl");
+        if !path.exists() {
+            return Err(std::io::Error::other(format!("cannot create {}", path.display())));
+        }
+        Ok(RequestLog { file: Mutex::new(file), with_text })
+    }
+
+    pub fn write(&self, record: &RequestRecord) {
+        let Ok(mut line) = serde_json::to_vec(record) else { return };
+        line.push(b'\n');
+        let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = f.write_all(&line).and_then(|_| f.flush()) {
+            tracing::warn!(error = %e, "could not write the request log");
+        }
+    }
+}
