@@ -85,6 +85,9 @@ enum Command {
         /// Largest request body in bytes.
         #[arg(long, default_value_t = 4 << 20)]
         max_body: usize,
+        /// Most tokens one request may generate (default: up to the model's context).
+        #[arg(long)]
+        max_tokens_cap: Option<usize>,
         /// Request log directory (default: the platform log directory); `none` disables it.
         #[arg(long)]
         log_dir: Option<String>,
@@ -212,7 +215,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let dir = import(&file, &dir, &ImportOptions { name, quantize, dtype, overwrite })?;
             println!("{}", dir.display());
         }
-        Command::Serve { model, host, port, api_key, allow_origin, allow_host, draft, max_queue, max_body, log_dir, log_text } => {
+        Command::Serve { model, host, port, api_key, allow_origin, allow_host, draft, max_queue, max_body, max_tokens_cap, log_dir, log_text } => {
             use perch_engine::runtime::{Engine, EngineConfig};
             use perch_engine::server::{ServeConfig, Server};
             let spec = model.unwrap_or_else(|| DEFAULT_MODEL_ID.to_string());
@@ -223,7 +226,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Some(d) => Some(PathBuf::from(d)),
                 None => Some(perch_engine::paths::log_dir()),
             };
-            let config = ServeConfig { host, port, api_key, allowed_origins: allow_origin, allowed_hosts: allow_host, max_body_bytes: max_body, log_dir: log_dir.clone(), log_text, ..Default::default() };
+            let config = ServeConfig { host, port, api_key, allowed_origins: allow_origin, allowed_hosts: allow_host, max_body_bytes: max_body, max_tokens_cap, log_dir: log_dir.clone(), log_text, ..Default::default() };
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(async move {
                 let server = Server::start(std::sync::Arc::new(engine), config).await?;

@@ -83,6 +83,12 @@ impl Tokenizer {
         self.eos_ids.contains(&id)
     }
 
+    /// The token a generation may start from when the prompt is empty: BOS if the model has
+    /// one, else its first EOS (GPT-2's `<|endoftext|>` separates documents the same way).
+    pub fn start_token(&self) -> Option<u32> {
+        self.bos_token.as_deref().and_then(|b| self.inner.token_to_id(b)).or_else(|| self.eos_ids.iter().next().copied())
+    }
+
     pub fn eos_ids(&self) -> Vec<u32> {
         self.eos_ids.iter().copied().collect()
     }

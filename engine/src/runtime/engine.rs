@@ -33,6 +33,7 @@ pub struct ModelInfo {
     pub dir: PathBuf,
     pub architecture: String,
     pub context_length: usize,
+    pub vocab_size: usize,
     pub has_mtp: bool,
     pub tokenizer: Arc<Tokenizer>,
 }
@@ -178,6 +179,7 @@ fn info_of(model: &LoadedModel) -> ModelInfo {
         dir: model.dir.clone(),
         architecture: model.architecture.clone(),
         context_length: model.context_length,
+        vocab_size: model.vocab_size,
         has_mtp: model.mtp.is_some(),
         tokenizer: model.tokenizer.clone(),
     }
@@ -192,6 +194,7 @@ fn probe(dir: &Path, id: &str) -> Result<ModelInfo> {
         dir: dir.to_path_buf(),
         architecture: cfg.str("model_type")?.to_string(),
         context_length: cfg.int_or("max_position_embeddings", 4096)? as usize,
+        vocab_size: cfg.int("vocab_size")? as usize,
         has_mtp: false,
         tokenizer,
     })

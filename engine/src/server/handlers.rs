@@ -92,8 +92,13 @@ pub async fn metrics(State(app): State<Arc<App>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }
 
-pub async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], include_str!("openapi.json")).into_response()
+/// The OpenAPI description, with the models this server has as the `model` enum.
+pub async fn openapi(State(app): State<Arc<App>>) -> Response {
+    let mut doc: Value = serde_json::from_str(include_str!("openapi.json")).expect("openapi.json is valid JSON");
+    let ids: Vec<Value> = model_list(&app).into_iter().map(|m| m["id"].clone()).collect();
+    doc["components"]["schemas"]["Sampling"]["properties"]["model"]["enum"] = Value::Array(ids);
+    doc["servers"] = json!([{"url": format!("http://{}:{}", app.config.host, app.config.port)}]);
+    Json(doc).into_response()
 }
 
 pub async fn not_found() -> Response {
@@ -127,14 +132,22 @@ fn prepare(app: &App, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -
     let mut req = request::parse(endpoint, &bytes)?;
     let info = app.engine.model_info(&req.model)?;
     let tok = &info.tokenizer;
-    let prompt = match &req.input {
+    let mut prompt = match &req.input {
         Input::Messages(m) if tok.has_chat_template() => tok.encode_chat(m)?,
         Input::Messages(_) => {
             return Err(ApiError::invalid("messages", format!("model `{}` has no chat template; use /v1/completions", info.id)).code("no_chat_template"))
         }
         Input::Text(t) => tok.encode(t, true)?,
-        Input::Tokens(ids) => ids.clone(),
+        Input::Tokens(ids) => {
+            if let Some(bad) = ids.iter().find(|&&t| t as usize >= info.vocab_size) {
+                return Err(ApiError::invalid("prompt", format!("token id {bad} is outside the model's vocabulary (0 to {})", info.vocab_size - 1)));
+            }
+            ids.clone()
+        }
     };
+    if prompt.is_empty() {
+        prompt.extend(tok.start_token());
+    }
     if prompt.is_empty() {
         return Err(ApiError::invalid(if endpoint == Endpoint::Chat { "messages" } else { "prompt" }, "the prompt is empty"));
     }
@@ -145,7 +158,8 @@ fn prepare(app: &App, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -
         )
         .code("context_length_exceeded"));
     }
-    req.params.max_tokens = req.max_tokens.unwrap_or(usize::MAX).min(info.context_length - prompt.len());
+    let cap = app.config.max_tokens_cap.unwrap_or(usize::MAX);
+    req.params.max_tokens = req.max_tokens.unwrap_or(usize::MAX).min(cap).min(info.context_length - prompt.len());
     Ok(Prepared { req, info, prompt })
 }
 

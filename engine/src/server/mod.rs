@@ -40,6 +40,8 @@ pub struct ServeConfig {
     /// Host names besides the loopback ones that requests may address (e.g. `mymac.local`).
     pub allowed_hosts: Vec<String>,
     pub max_body_bytes: usize,
+    /// Most tokens one request may generate (`None`: up to the context).
+    pub max_tokens_cap: Option<usize>,
     /// Where `requests.jsonl` goes; `None`: no request log.
     pub log_dir: Option<PathBuf>,
     pub log_text: bool,
@@ -59,6 +61,7 @@ impl Default for ServeConfig {
             allowed_origins: vec![],
             allowed_hosts: vec![],
             max_body_bytes: 4 << 20,
+            max_tokens_cap: None,
             log_dir: None,
             log_text: false,
             log_max_bytes: 10 << 20,

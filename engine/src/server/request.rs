@@ -49,8 +49,9 @@ impl Body<'_> {
     fn number(&self, key: &str, ok: impl Fn(f64) -> bool, range: &str) -> Result<Option<f64>, ApiError> {
         match self.get(key) {
             None => Ok(None),
+            // Checked as given and as the f32 the sampler will use (1e-50 is > 0, its f32 is not).
             Some(v) => match v.as_f64() {
-                Some(x) if ok(x) => Ok(Some(x)),
+                Some(x) if ok(x) && ok(x as f32 as f64) => Ok(Some(x)),
                 Some(x) => Err(ApiError::invalid(key, format!("`{key}` must be {range}; got {x}"))),
                 None => Err(ApiError::invalid(key, format!("`{key}` must be a number; got {}", kind(v))).code("invalid_type")),
             },
@@ -260,6 +261,8 @@ mod tests {
             (r#","temperature":"hot""#, "temperature"),
             (r#","top_p":0"#, "top_p"),
             (r#","top_p":1.5"#, "top_p"),
+            (r#","top_p":1e-60"#, "top_p"),
+            (r#","repetition_penalty":1e-300"#, "repetition_penalty"),
             (r#","n":2"#, "n"),
             (r#","stop":7"#, "stop"),
             (r#","stream":"yes""#, "stream"),

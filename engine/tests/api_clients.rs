@@ -1,0 +1,117 @@
+//! The API's real users against a real server on loopback: the official `openai` Python
+//! client, a 16-client streaming load test, and schemathesis driven by `/openapi.json`.
+//! Needs `.deps/venv` from scripts/setup-peers (openai, httpx, schemathesis); skipped without
+//! it except under CI.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+use common::*;
+use perch_engine::runtime::{Engine, EngineConfig};
+use perch_engine::server::{ServeConfig, Server};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn venv() -> Option<PathBuf> {
+    let python = root().join(".deps/venv/bin/python");
+    let ok = Command::new(&python).args(["-c", "import openai, httpx, schemathesis"]).output().is_ok_and(|o| o.status.success());
+    if !ok {
+        assert!(std::env::var_os("CI").is_none(), "CI must install the API clients (scripts/setup-peers)");
+        eprintln!("SKIPPED: openai / httpx / schemathesis not installed in .deps/venv (run scripts/setup-peers)");
+        return None;
+    }
+    Some(python)
+}
+
+async fn serve(config: ServeConfig, max_queue: usize) -> Server {
+    std::env::set_var("PERCH_DTYPE", "f32");
+    let models_dir = fixture_dir("qwen3").parent().unwrap().to_path_buf();
+    // Drafts on (prompt lookup for this model): the clients must not be able to tell.
+    let engine = Engine::start(EngineConfig { models_dir, model: "qwen3".into(), draft: "auto".into(), max_queue }).unwrap();
+    Server::start(Arc::new(engine), ServeConfig { port: 0, ..config }).await.unwrap()
+}
+
+async fn run(program: PathBuf, args: Vec<String>) -> (bool, String) {
+    tokio::task::spawn_blocking(move || {
+        let out = Command::new(&program).args(&args).current_dir(std::env::temp_dir()).output().unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), text)
+    })
+    .await
+    .unwrap()
+}
+
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()).map_or(0, |kb| kb * 1024)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_client_works_unchanged() {
+    let Some(python) = venv() else { return };
+    let s = serve(ServeConfig::default(), 8).await;
+    let script = root().join("tests/api/openai_client.py").display().to_string();
+    let (ok, out) = run(python, vec![script, format!("{}/v1", s.url()), "qwen3".into()]).await;
+    println!("{out}");
+    assert!(ok, "the openai client script failed:\n{out}");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_streaming_clients_complete_or_get_429() {
+    let Some(python) = venv() else { return };
+    // A queue shorter than the client count, so the bound is exercised.
+    let s = serve(ServeConfig::default(), 6).await;
+    let url = format!("{}/v1", s.url());
+    let script = root().join("tests/api/load_test.py").display().to_string();
+    // Warm up, then take the idle figure.
+    let (ok, out) = run(python.clone(), vec![script.clone(), url.clone(), "qwen3".into(), "2".into(), "1".into()]).await;
+    assert!(ok, "{out}");
+    let idle = rss_bytes();
+    let (ok, out) = run(python, vec![script, url, "qwen3".into(), "16".into(), "3".into()]).await;
+    println!("{out}");
+    assert!(ok, "load test failed:\n{out}");
+    let counts: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+    assert!(counts["completed"].as_u64().unwrap() > 0 && counts["busy"].as_u64().unwrap() > 0, "expected both completions and 429s: {counts}");
+    // Memory returns to its idle figure once the clients are gone.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let after = rss_bytes();
+    let growth = after as f64 / idle as f64 - 1.0;
+    println!("RSS idle {:.1} MB, after load {:.1} MB ({:+.1} %)", idle as f64 / 1e6, after as f64 / 1e6, growth * 100.0);
+    assert!(growth < 0.10, "memory grew {:.1} % over the load", growth * 100.0);
+    let h: serde_json::Value = reqwest::get(format!("{}/health", s.url())).await.unwrap().json().await.unwrap();
+    assert_eq!((h["foreground_active"].as_u64(), h["foreground_queued"].as_u64()), (Some(0), Some(0)), "{h}");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemathesis_finds_no_server_errors_and_no_schema_violations() {
+    let Some(python) = venv() else { return };
+    let s = serve(ServeConfig { max_tokens_cap: Some(16), ..Default::default() }, 8).await;
+    let schemathesis = python.with_file_name("schemathesis");
+    let args = [
+        "run",
+        &format!("{}/openapi.json", s.url()),
+        "--checks",
+        "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,response_headers_conformance",
+        "--max-examples",
+        "30",
+        "--seed",
+        "1",
+        "--request-timeout",
+        "30",
+        "--generation-database",
+        "none",
+        "--continue-on-failure",
+    ];
+    let (ok, out) = run(schemathesis, args.iter().map(|a| a.to_string()).collect()).await;
+    let summary: Vec<&str> = out.lines().filter(|l| l.contains("generated") || l.contains("passed") || l.contains("failed") || l.contains("error")).collect();
+    println!("{}", summary.join("\n"));
+    assert!(ok, "schemathesis reported problems:\n{out}");
+    s.shutdown().await;
+}
