@@ -133,8 +133,13 @@ impl Tokenizer {
     }
 
     /// Tokens for a chat: the rendered template already holds any BOS text, so special tokens
-    /// are not added a second time.
+    /// are not added a second time. A model without a template (a base model) gets the
+    /// messages' text in order, separated by blank lines, as a plain prompt to continue.
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        if self.chat_template.is_none() {
+            let text: Vec<&str> = messages.iter().map(|m| m.content.as_str()).filter(|c| !c.is_empty()).collect();
+            return self.encode(&format!("{}\n\n", text.join("\n\n")), true);
+        }
         let text = self.apply_chat_template(messages, true)?;
         self.encode(&text, false)
     }

@@ -133,10 +133,7 @@ fn prepare(app: &App, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -
     let info = app.engine.model_info(&req.model)?;
     let tok = &info.tokenizer;
     let mut prompt = match &req.input {
-        Input::Messages(m) if tok.has_chat_template() => tok.encode_chat(m)?,
-        Input::Messages(_) => {
-            return Err(ApiError::invalid("messages", format!("model `{}` has no chat template; use /v1/completions", info.id)).code("no_chat_template"))
-        }
+        Input::Messages(m) => tok.encode_chat(m)?,
         Input::Text(t) => tok.encode(t, true)?,
         Input::Tokens(ids) => {
             if let Some(bad) = ids.iter().find(|&&t| t as usize >= info.vocab_size) {
