@@ -100,17 +100,9 @@ impl Generation {
 
 /// Plain decoding, with the next step queued (async_eval) while the host reads the current
 /// token.
-fn generate_plain(
-    model: &LoadedModel,
-    prompt: &[u32],
-    params: &GenerateParams,
-    cancel: Option<&AtomicBool>,
-    on_piece: &mut dyn FnMut(&str, &[TokenLogprob]),
-) -> Result<Generation> {
-    let max_tokens = check_request(model, prompt, params)?;
-    let start = Instant::now();
-    let mut sampler = Sampler::new(params.sampling.clone(), model.vocab_size, prompt)?;
-    let mut caches = model.net.new_caches();
+fn generate_plain(req: Request<'_>, on_piece: &mut dyn FnMut(&str, &[TokenLogprob])) -> Result<Generation> {
+    let Begin { max_tokens, start, mut sampler, mut caches } = begin(&req)?;
+    let Request { model, prompt, params, cancel } = req;
 
     let last = prompt[prompt.len() - 1];
     if !prefill(model, &prompt[..prompt.len() - 1], params.prefill_chunk, &mut caches, cancel)? {
@@ -175,13 +167,42 @@ pub fn generate_streaming(
     cancel: Option<&AtomicBool>,
     mut on_piece: impl FnMut(&str, &[TokenLogprob]),
 ) -> Result<Generation> {
+    let req = Request { model, prompt, params, cancel };
     if params.logprobs.is_some() || params.json_mode {
-        return crate::guided::generate(model, prompt, params, cancel, &mut on_piece);
+        return crate::guided::generate(req, &mut on_piece);
     }
     match params.draft {
-        DraftMode::None => generate_plain(model, prompt, params, cancel, &mut on_piece),
-        _ => crate::speculative::generate(model, prompt, params, cancel, &mut on_piece),
+        DraftMode::None => generate_plain(req, &mut on_piece),
+        _ => crate::speculative::generate(req, &mut on_piece),
     }
+}
+
+/// One generation's inputs, as every decoding loop takes them.
+#[derive(Clone, Copy)]
+pub(crate) struct Request<'a> {
+    pub model: &'a LoadedModel,
+    pub prompt: &'a [u32],
+    pub params: &'a GenerateParams,
+    pub cancel: Option<&'a AtomicBool>,
+}
+
+/// What every decoding loop starts from: the request checked, the clock started, a sampler
+/// and empty caches.
+pub(crate) struct Begin {
+    pub max_tokens: usize,
+    pub start: Instant,
+    pub sampler: Sampler,
+    pub caches: Vec<crate::kv_cache::KvCache>,
+}
+
+pub(crate) fn begin(req: &Request<'_>) -> Result<Begin> {
+    let max_tokens = check_request(req.model, req.prompt, req.params)?;
+    Ok(Begin {
+        max_tokens,
+        start: Instant::now(),
+        sampler: Sampler::new(req.params.sampling.clone(), req.model.vocab_size, req.prompt)?,
+        caches: req.model.net.new_caches(),
+    })
 }
 
 /// Prefill `ids` in chunks, evaluating only the caches (the logits of these positions are

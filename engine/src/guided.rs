@@ -3,32 +3,21 @@
 //! the generation when the object is complete. No pipelining here: each step's choice needs
 //! the host.
 
-use std::sync::atomic::AtomicBool;
-use std::time::Instant;
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::eval;
 
 use crate::error::{EngineError, Result};
-use crate::generate::{cancelled_early, check_request, host_u32, prefill, token_array, GenerateParams, Generation, Output, TokenLogprob, TopLogprob};
+use crate::generate::{begin, cancelled_early, host_u32, prefill, token_array, Begin, Generation, Output, Request, TokenLogprob, TopLogprob};
 use crate::json_prefix::JsonPrefix;
 use crate::model::LoadedModel;
-use crate::sampler::Sampler;
 
 /// Candidates checked against the JSON grammar before falling back to the whole vocabulary.
 const JSON_CANDIDATES: usize = 64;
 
-pub fn generate(
-    model: &LoadedModel,
-    prompt: &[u32],
-    params: &GenerateParams,
-    cancel: Option<&AtomicBool>,
-    on_piece: &mut dyn FnMut(&str, &[TokenLogprob]),
-) -> Result<Generation> {
-    let max_tokens = check_request(model, prompt, params)?;
-    let start = Instant::now();
-    let mut sampler = Sampler::new(params.sampling.clone(), model.vocab_size, prompt)?;
-    let mut caches = model.net.new_caches();
+pub(crate) fn generate(req: Request<'_>, on_piece: &mut dyn FnMut(&str, &[TokenLogprob])) -> Result<Generation> {
+    let Begin { max_tokens, start, mut sampler, mut caches } = begin(&req)?;
+    let Request { model, prompt, params, cancel } = req;
     if !prefill(model, &prompt[..prompt.len() - 1], params.prefill_chunk, &mut caches, cancel)? {
         return Ok(cancelled_early(prompt.len(), start));
     }

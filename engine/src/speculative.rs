@@ -10,8 +10,7 @@
 //! 2023). p is the distribution plain sampling would use at that position (penalties,
 //! temperature, top-k/p, min-p); q is the draft's (one-hot for prompt lookup).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::sync::atomic::Ordering;
 
 use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
 use mlx_rs::ops::{self, concatenate};
@@ -20,7 +19,7 @@ use mlx_rs::{random, Array};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
-use crate::generate::{cancelled_early, check_request, token_array, GenerateParams, Generation, Output, TokenLogprob};
+use crate::generate::{begin, cancelled_early, token_array, Begin, Generation, Output, Request, TokenLogprob};
 use crate::kv_cache::{KvCache, SLIDING_SLACK};
 use crate::model::mtp::MtpHead;
 use crate::model::LoadedModel;
@@ -279,19 +278,11 @@ pub fn lookup_draft(history: &[u32], min_ngram: usize, max_ngram: usize, limit: 
 }
 
 /// Speculative decoding; called by `generate::generate` when `params.draft` is not `None`.
-pub fn generate(
-    model: &LoadedModel,
-    prompt: &[u32],
-    params: &GenerateParams,
-    cancel: Option<&AtomicBool>,
-    on_piece: &mut dyn FnMut(&str, &[TokenLogprob]),
-) -> Result<Generation> {
-    let max_tokens = check_request(model, prompt, params)?;
-    params.draft.validate(model)?;
-    let start = Instant::now();
-    let mut sampler = Sampler::new(params.sampling.clone(), model.vocab_size, prompt)?;
+pub(crate) fn generate(req: Request<'_>, on_piece: &mut dyn FnMut(&str, &[TokenLogprob])) -> Result<Generation> {
+    req.params.draft.validate(req.model)?;
+    let Begin { max_tokens, start, mut sampler, mut caches } = begin(&req)?;
+    let Request { model, prompt, params, cancel } = req;
     let vocab_ids = ops::arange::<_, i32>(None, model.vocab_size as i32, None)?;
-    let mut caches = model.net.new_caches();
     let mut mtp = match (&params.draft, &model.mtp) {
         (DraftMode::Mtp { depth }, Some(head)) => Some(MtpDrafter { head, cache: KvCache::new(), depth: *depth, chained: 0 }),
         _ => None,

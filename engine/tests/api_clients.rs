@@ -46,11 +46,6 @@ async fn run(program: PathBuf, args: Vec<String>) -> (bool, String) {
     .unwrap()
 }
 
-fn rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()).map_or(0, |kb| kb * 1024)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_client_works_unchanged() {
     let Some(python) = venv() else { return };
@@ -62,31 +57,75 @@ async fn the_official_openai_client_works_unchanged() {
     s.shutdown().await;
 }
 
+/// `perch serve` as its own process (so its memory is its own), on a free port.
+struct ServeProcess {
+    child: std::process::Child,
+    url: String,
+}
+
+impl ServeProcess {
+    fn start(args: &[&str]) -> ServeProcess {
+        use std::io::{BufRead, BufReader};
+        let models = fixture_dir("qwen3").parent().unwrap().to_path_buf();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_perch"))
+            .arg("--models-dir")
+            .arg(&models)
+            .args(["serve", "--model", "qwen3", "--port", "0", "--log-dir", "none"])
+            .args(args)
+            .env("PERCH_DTYPE", "f32")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let url = loop {
+            let line = lines.next().expect("perch serve exited before serving").unwrap();
+            if let Some(at) = line.split(" at ").nth(1) {
+                break at.trim().trim_end_matches("/v1").to_string();
+            }
+        };
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        ServeProcess { child, url }
+    }
+
+    fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()).map_or(0, |kb| kb * 1024)
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixteen_streaming_clients_complete_or_get_429() {
     let Some(python) = venv() else { return };
     // A queue shorter than the client count, so the bound is exercised.
-    let s = serve(ServeConfig::default(), 6).await;
-    let url = format!("{}/v1", s.url());
+    let server = ServeProcess::start(&["--max-queue", "6", "--draft", "auto"]);
+    let url = format!("{}/v1", server.url);
     let script = root().join("tests/api/load_test.py").display().to_string();
-    // Warm up, then take the idle figure.
-    let (ok, out) = run(python.clone(), vec![script.clone(), url.clone(), "qwen3".into(), "2".into(), "1".into()]).await;
+    // Warm up with the same load, then take the idle figure.
+    let (ok, out) = run(python.clone(), vec![script.clone(), url.clone(), "qwen3".into(), "16".into(), "1".into()]).await;
     assert!(ok, "{out}");
-    let idle = rss_bytes();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let idle = server.rss_bytes();
     let (ok, out) = run(python, vec![script, url, "qwen3".into(), "16".into(), "3".into()]).await;
     println!("{out}");
     assert!(ok, "load test failed:\n{out}");
     let counts: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
     assert!(counts["completed"].as_u64().unwrap() > 0 && counts["busy"].as_u64().unwrap() > 0, "expected both completions and 429s: {counts}");
     // Memory returns to its idle figure once the clients are gone.
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    let after = rss_bytes();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let after = server.rss_bytes();
     let growth = after as f64 / idle as f64 - 1.0;
-    println!("RSS idle {:.1} MB, after load {:.1} MB ({:+.1} %)", idle as f64 / 1e6, after as f64 / 1e6, growth * 100.0);
-    assert!(growth < 0.10, "memory grew {:.1} % over the load", growth * 100.0);
-    let h: serde_json::Value = reqwest::get(format!("{}/health", s.url())).await.unwrap().json().await.unwrap();
+    println!("server RSS idle {:.1} MB, after load {:.1} MB ({:+.1} %)", idle as f64 / 1e6, after as f64 / 1e6, growth * 100.0);
+    assert!(idle > 0 && growth < 0.10, "memory grew {:.1} % over the load", growth * 100.0);
+    let h: serde_json::Value = reqwest::get(format!("{}/health", server.url)).await.unwrap().json().await.unwrap();
     assert_eq!((h["foreground_active"].as_u64(), h["foreground_queued"].as_u64()), (Some(0), Some(0)), "{h}");
-    s.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
