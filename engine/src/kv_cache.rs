@@ -118,7 +118,7 @@ impl KvCache {
         let n = full_k.shape()[2];
         let q_pos = ops::arange::<_, i32>(o, end, None)?.reshape(&[l, 1])?;
         let k_pos = ops::arange::<_, i32>(first, first + n, None)?.reshape(&[1, n])?;
-        let mask = k_pos.le(&q_pos)?.logical_and(&q_pos.subtract(&k_pos)?.lt(&Array::from_int(w))?)?;
+        let mask = k_pos.le(&q_pos)?.logical_and(&q_pos.subtract(&k_pos)?.lt(Array::from_int(w))?)?;
         // Store the new positions (at most the last `cap`) in their slots.
         let from = o.max(end - cap);
         write_ring(keys, &k.index((.., .., (from - o).., ..)), from, cap);

@@ -153,15 +153,15 @@ impl Sampler {
                 Some(e) => ops::maximum(seen, e)?,
                 None => seen.clone(),
             };
-            let penalised = ops::select(&logits.lt(&Array::from_f32(0.0))?, &logits.multiply(Array::from_f32(p.repetition_penalty))?, &logits.divide(Array::from_f32(p.repetition_penalty))?)?;
-            logits = ops::select(&seen.gt(&Array::from_f32(0.0))?, &penalised, &logits)?;
+            let penalised = ops::select(&logits.lt(Array::from_f32(0.0))?, &logits.multiply(Array::from_f32(p.repetition_penalty))?, &logits.divide(Array::from_f32(p.repetition_penalty))?)?;
+            logits = ops::select(&seen.gt(Array::from_f32(0.0))?, &penalised, &logits)?;
         }
         if let Some(counts) = &self.counts {
             let counts = match &extra {
                 Some(e) => counts.add(e)?,
                 None => counts.clone(),
             };
-            let presence = counts.gt(&Array::from_f32(0.0))?.as_dtype(mlx_rs::Dtype::Float32)?;
+            let presence = counts.gt(Array::from_f32(0.0))?.as_dtype(mlx_rs::Dtype::Float32)?;
             logits = logits
                 .subtract(presence.multiply(Array::from_f32(p.presence_penalty))?)?
                 .subtract(counts.multiply(Array::from_f32(p.frequency_penalty))?)?;
@@ -218,14 +218,14 @@ fn keep_top_k(logits: &Array, k: i32) -> Result<Array> {
     // The k-th largest value is the threshold; argpartition puts it at position V-k.
     let v = logits.shape()[logits.ndim() - 1];
     let idx = argpartition_axis(logits, v - k, -1)?;
-    let kth = logits.take_along_axis(&idx.index((.., (v - k)..(v - k + 1))), -1)?;
-    Ok(ops::select(&logits.lt(&kth)?, &Array::from_f32(NEG_INF), logits)?)
+    let kth = logits.take_along_axis(idx.index((.., (v - k)..(v - k + 1))), -1)?;
+    Ok(ops::select(&logits.lt(&kth)?, Array::from_f32(NEG_INF), logits)?)
 }
 
 fn keep_min_p(logits: &Array, min_p: f32) -> Result<Array> {
     let top = logits.max_axis(-1, true)?;
     let threshold = top.add(Array::from_f32(min_p.ln()))?;
-    Ok(ops::select(&logits.lt(&threshold)?, &Array::from_f32(NEG_INF), logits)?)
+    Ok(ops::select(&logits.lt(&threshold)?, Array::from_f32(NEG_INF), logits)?)
 }
 
 fn keep_top_p(logits: &Array, top_p: f32) -> Result<Array> {
@@ -234,10 +234,10 @@ fn keep_top_p(logits: &Array, top_p: f32) -> Result<Array> {
     let order = ops::argsort_axis(&probs.negative()?, -1)?; // descending
     let sorted = probs.take_along_axis(&order, -1)?;
     let before = cumsum(&sorted, -1, None, None)?.subtract(&sorted)?; // mass strictly above each
-    let keep_sorted = before.lt(&Array::from_f32(top_p))?;
+    let keep_sorted = before.lt(Array::from_f32(top_p))?;
     // Scatter the keep mask back to vocabulary order.
     let keep = ops::zeros::<bool>(logits.shape())?.put_along_axis(&order, &keep_sorted, -1)?;
-    Ok(ops::select(&keep, logits, &Array::from_f32(NEG_INF))?)
+    Ok(ops::select(&keep, logits, Array::from_f32(NEG_INF))?)
 }
 
 fn random_seed() -> u64 {

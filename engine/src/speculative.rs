@@ -206,7 +206,7 @@ fn rejection_step(p: &Array, q: &Array, ids: &Array, key_u: Array, key_c: Array,
     let u = random::uniform::<_, f32>(0.0, 1.0, &[k], &key_u)?;
     let accept = u.multiply(&qd)?.lt(&pd)?;
     let residual = match rule {
-        Residual::Exact => ops::maximum(&rows.subtract(q)?, &Array::from_f32(0.0))?,
+        Residual::Exact => ops::maximum(&rows.subtract(q)?, Array::from_f32(0.0))?,
         #[cfg(test)]
         Residual::PlainP => rows.clone(),
     };

@@ -46,7 +46,7 @@ fn is_sliding(cfg: &ModelConfig, i: usize) -> Result<bool> {
         return Ok(types.get(i).and_then(|t| t.as_str()) == Some("sliding_attention"));
     }
     let pattern = cfg.int_or("sliding_window_pattern", 6)?.max(1) as usize;
-    Ok((i + 1) % pattern != 0)
+    Ok(!(i + 1).is_multiple_of(pattern))
 }
 
 pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<Gemma3Text> {

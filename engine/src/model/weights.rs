@@ -76,7 +76,7 @@ impl Weights {
                 expected: shape.to_vec(),
             });
         }
-        Ok(self.to_compute(array)?)
+        self.to_compute(array)
     }
 
     pub fn to_compute(&self, array: Array) -> Result<Array> {

@@ -299,7 +299,7 @@ mod tests {
         let leaf = prop_oneof![
             Just(Value::Null),
             any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(|n| Value::from(n)),
+            any::<i64>().prop_map(Value::from),
             any::<f64>().prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
             ".{0,12}".prop_map(Value::String),
             prop_oneof![Just("model"), Just("messages"), Just("role"), Just("user"), Just("content"), Just("text"), Just("type")].prop_map(|s| Value::String(s.into())),
