@@ -248,8 +248,6 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: Result<Bytes, BytesRe
 /// long as the generation does.
 #[allow(clippy::too_many_arguments)]
 fn run(app: Arc<App>, id: String, n: u64, p: Prepared, permit: GatePermit, user: UserRequest, cancel: Arc<AtomicBool>, arrived: Instant, tx: mpsc::UnboundedSender<Msg>) {
-    let _permit = permit;
-    let _user = user;
     let started = Instant::now();
     let mut params = p.req.params.clone();
     params.logprobs = p.req.logprobs;
@@ -300,6 +298,10 @@ fn run(app: Arc<App>, id: String, n: u64, p: Prepared, permit: GatePermit, user:
     if let Some(log) = &app.log {
         log.write(&rec);
     }
+    // The request has ended for the engine before its client can see it end: the next one may
+    // start, and /health already counts this one.
+    drop(permit);
+    drop(user);
     let _ = tx.send(Msg::Done(result));
 }
 
