@@ -94,6 +94,18 @@ enum Command {
         /// Also log prompt and completion text.
         #[arg(long)]
         log_text: bool,
+        /// Seconds an unused model stays loaded (0: unload after each request, -1: never).
+        #[arg(long, default_value_t = 1800, allow_hyphen_values = true)]
+        keep_alive: i64,
+        /// Background warmup ladder: default ([512, 2560] tokens), turbo, off.
+        #[arg(long, default_value = "default")]
+        ladder: String,
+        /// Quiet seconds after a request before the ladder may run.
+        #[arg(long, default_value_t = 90.0)]
+        idle_grace: f64,
+        /// Skip the load-time MTP warmup.
+        #[arg(long)]
+        no_load_warmup: bool,
     },
     /// Import a GGUF file as an installed model (MLX layout).
     Import {
@@ -136,6 +148,10 @@ enum Command {
         /// otherwise).
         #[arg(long)]
         prompt: Option<String>,
+        /// A runtime scenario instead: `first-request` (TTFT of a request 0.5 s after start
+        /// with the warmup ladder on vs off; decode rate after the ladder vs cold).
+        #[arg(long)]
+        scenario: Option<String>,
     },
 }
 
@@ -215,12 +231,17 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let dir = import(&file, &dir, &ImportOptions { name, quantize, dtype, overwrite })?;
             println!("{}", dir.display());
         }
-        Command::Serve { model, host, port, api_key, allow_origin, allow_host, draft, max_queue, max_body, max_tokens_cap, log_dir, log_text } => {
+        Command::Serve { model, host, port, api_key, allow_origin, allow_host, draft, max_queue, max_body, max_tokens_cap, log_dir, log_text, keep_alive, ladder, idle_grace, no_load_warmup } => {
             use perch_engine::runtime::{Engine, EngineConfig};
             use perch_engine::server::{ServeConfig, Server};
             let spec = model.unwrap_or_else(|| DEFAULT_MODEL_ID.to_string());
             model::resolve(&spec, &dir).map_err(|e| anyhow::anyhow!("{e}\n  models directory: {}\n  run `scripts/setup` to install the default model, or pass --model PATH", dir.display()))?;
-            let engine = Engine::start(EngineConfig { models_dir: dir.clone(), model: spec, draft, max_queue })?;
+            let mut config = EngineConfig { models_dir: dir.clone(), model: spec, draft, max_queue, ..Default::default() };
+            config.keep_alive = perch_engine::runtime::KeepAlive::from_secs(keep_alive);
+            config.load_warmup = !no_load_warmup;
+            config.ladder = perch_engine::runtime::LadderConfig::profile(&ladder).ok_or_else(|| anyhow::anyhow!("--ladder must be default, turbo or off, not `{ladder}`"))?;
+            config.ladder.idle_grace = std::time::Duration::from_secs_f64(idle_grace);
+            let engine = Engine::start(config)?;
             let log_dir = match log_dir.as_deref() {
                 Some("none") => None,
                 Some(d) => Some(PathBuf::from(d)),
@@ -230,7 +251,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(async move {
                 let server = Server::start(std::sync::Arc::new(engine), config).await?;
-                eprintln!("perch: serving {} at {}/v1", server.app.engine.loaded().id, server.url());
+                let id = server.app.engine.loaded().map(|m| m.id).unwrap_or_default();
+                eprintln!("perch: serving {id} at {}/v1", server.url());
                 if let Some(d) = log_dir {
                     eprintln!("perch: request log in {}", d.display());
                 }
@@ -257,7 +279,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
-        Command::Bench { model, runs, decode_tokens, json, draft, prompt } => {
+        Command::Bench { model, runs, decode_tokens, json, draft, prompt, scenario } => {
+            if let Some(scenario) = scenario {
+                anyhow::ensure!(scenario == "first-request", "unknown scenario `{scenario}` (first-request)");
+                let spec = model.unwrap_or_else(|| DEFAULT_MODEL_ID.to_string());
+                let config = perch_engine::runtime::EngineConfig { models_dir: dir.clone(), model: spec, ..Default::default() };
+                let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+                let r = rt.block_on(bench::first_request(config, 128, 16))?;
+                if !json {
+                    println!(
+                        "model {}  ladder {:?} (chunk {})\nTTFT of a request 0.5 s after start: ladder off {:.3} s, on {:.3} s (one warming chunk {:.3} s)\n\
+                         decode tok/s of the first 3 requests: cold engine {:.1}, after the ladder {:.1} (ladder took {:.1} s)",
+                        r.model, r.ladder_rungs, r.ladder_chunk, r.ttft_ladder_off_s, r.ttft_ladder_on_s, r.warming_chunk_s, r.decode_cold_tok_s, r.decode_warm_tok_s, r.ladder_seconds
+                    );
+                }
+                println!("{}", serde_json::to_string(&r)?);
+                return Ok(());
+            }
             let model = load(model, &dir)?;
             if let Some(draft) = draft {
                 let mode = perch_engine::generate::DraftMode::parse(&draft, &model)?;

@@ -32,7 +32,7 @@ async fn serve(config: ServeConfig, max_queue: usize) -> Server {
     std::env::set_var("PERCH_DTYPE", "f32");
     let models_dir = fixture_dir("qwen3").parent().unwrap().to_path_buf();
     // Drafts on (prompt lookup for this model): the clients must not be able to tell.
-    let engine = Engine::start(EngineConfig { models_dir, model: "qwen3".into(), draft: "auto".into(), max_queue }).unwrap();
+    let engine = Engine::start(EngineConfig { models_dir, model: "qwen3".into(), draft: "auto".into(), max_queue, ladder: perch_engine::runtime::LadderConfig::profile("off").unwrap(), ..Default::default() }).unwrap();
     Server::start(Arc::new(engine), ServeConfig { port: 0, ..config }).await.unwrap()
 }
 
@@ -70,7 +70,7 @@ impl ServeProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_perch"))
             .arg("--models-dir")
             .arg(&models)
-            .args(["serve", "--model", "qwen3", "--port", "0", "--log-dir", "none"])
+            .args(["serve", "--model", "qwen3", "--port", "0", "--log-dir", "none", "--ladder", "off"])
             .args(args)
             .env("PERCH_DTYPE", "f32")
             .stderr(std::process::Stdio::piped())

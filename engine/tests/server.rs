@@ -21,7 +21,7 @@ fn fixtures_dir() -> std::path::PathBuf {
 
 async fn start_with(config: ServeConfig, max_queue: usize) -> Server {
     std::env::set_var("PERCH_DTYPE", "f32");
-    let engine = Engine::start(EngineConfig { models_dir: fixtures_dir(), model: "qwen3".into(), draft: "none".into(), max_queue }).unwrap();
+    let engine = Engine::start(EngineConfig { models_dir: fixtures_dir(), model: "qwen3".into(), draft: "none".into(), max_queue, ladder: perch_engine::runtime::LadderConfig::profile("off").unwrap(), ..Default::default() }).unwrap();
     Server::start(Arc::new(engine), ServeConfig { port: 0, ..config }).await.unwrap()
 }
 
@@ -240,7 +240,7 @@ async fn host_origin_and_key_guards() {
     s.shutdown().await;
 
     // Anything but loopback needs a key.
-    let engine = Engine::start(EngineConfig { models_dir: fixtures_dir(), model: "qwen3".into(), draft: "none".into(), max_queue: 1 }).unwrap();
+    let engine = Engine::start(EngineConfig { models_dir: fixtures_dir(), model: "qwen3".into(), draft: "none".into(), max_queue: 1, ..Default::default() }).unwrap();
     let err = Server::start(Arc::new(engine), ServeConfig { host: "0.0.0.0".into(), port: 0, ..Default::default() }).await.err().unwrap();
     assert!(matches!(err, ServeError::KeyRequired(_)), "{err}");
     assert!(err.to_string().contains("API key"));

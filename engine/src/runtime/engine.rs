@@ -1,19 +1,42 @@
-//! The engine a server runs: the loaded model, the gate in front of it, foreground
-//! accounting, and the tokenizers requests are checked with before they queue.
+//! The engine a server runs: the resident models (on one MLX thread), the gate in front of
+//! them, leases, foreground accounting, load-time warmup and the warmup ladder.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::{Foreground, Gate};
+use super::background::{Scratch, WorkerWork};
+use super::ladder::{LadderConfig, LadderStatus, WarmupLadder};
+use super::warmup::{warm_at_load, WarmupOutcome};
+use super::{Foreground, Gate, Lease, Leases};
 use crate::error::{EngineError, Result};
 use crate::generate::{generate_streaming, DraftMode, GenerateParams, Generation, TokenLogprob};
 use crate::model::{load_model, LoadedModel, ModelConfig};
 use crate::tokenizer::Tokenizer;
+
+/// How long an unused model stays loaded (Ollama's keep_alive).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeepAlive {
+    For(Duration),
+    /// Unload as soon as no request uses it.
+    UnloadWhenIdle,
+    Forever,
+}
+
+impl KeepAlive {
+    /// Seconds: -1 forever, 0 unload after each request.
+    pub fn from_secs(s: i64) -> KeepAlive {
+        match s {
+            s if s < 0 => KeepAlive::Forever,
+            0 => KeepAlive::UnloadWhenIdle,
+            s => KeepAlive::For(Duration::from_secs(s as u64)),
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -24,6 +47,29 @@ pub struct EngineConfig {
     pub draft: String,
     /// Requests that may wait for the gate; more get "busy".
     pub max_queue: usize,
+    /// Models resident at once; loading another evicts the least recently used.
+    pub max_resident: usize,
+    pub keep_alive: KeepAlive,
+    /// Load-time MTP warmup (SPEC §4) and its deadline.
+    pub load_warmup: bool,
+    pub warmup_deadline: Duration,
+    pub ladder: LadderConfig,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            models_dir: crate::paths::models_dir(),
+            model: crate::paths::DEFAULT_MODEL_ID.into(),
+            draft: "auto".into(),
+            max_queue: 32,
+            max_resident: 1,
+            keep_alive: KeepAlive::For(Duration::from_secs(30 * 60)),
+            load_warmup: true,
+            warmup_deadline: Duration::from_secs(30),
+            ladder: LadderConfig::default(),
+        }
+    }
 }
 
 /// What requests need to know about a model before it is their turn to run it.
@@ -38,85 +84,204 @@ pub struct ModelInfo {
     pub tokenizer: Arc<Tokenizer>,
 }
 
+/// A loaded model's state outside the MLX thread.
+struct Resident {
+    info: ModelInfo,
+    last_used: Instant,
+    mtp_warm: Arc<AtomicBool>,
+    warmup: Arc<Mutex<WarmupOutcome>>,
+    ladder: Arc<WarmupLadder>,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadedSnapshot {
     pub id: String,
     pub architecture: String,
     pub context_length: usize,
     pub mtp: bool,
-    pub draft: String,
+    pub mtp_warm: bool,
+    pub load_time_warmup: WarmupOutcome,
+    pub leases: usize,
+    pub idle_s: f64,
 }
 
-/// Work for the MLX thread: it owns the loaded model.
-type Task = Box<dyn FnOnce(&mut LoadedModel) + Send>;
+/// What the MLX thread owns.
+pub(crate) struct Worker {
+    pub models: HashMap<String, LoadedModel>,
+    pub scratch: Option<Scratch>,
+}
+
+pub(crate) type Task = Box<dyn FnOnce(&mut Worker) + Send>;
 
 pub struct Engine {
     pub config: EngineConfig,
     pub foreground: Arc<Foreground>,
-    pub gate: Gate,
+    pub gate: Arc<Gate>,
+    pub leases: Arc<Leases>,
     pub started: Instant,
-    /// MLX keeps its streams per thread, so one thread loads the model and runs every
-    /// generation; callers hand it tasks (one at a time: they hold the gate).
+    /// MLX keeps its streams per thread, so one thread loads every model and runs every
+    /// generation; callers hand it tasks.
     worker: Mutex<mpsc::Sender<Task>>,
-    loaded: Mutex<ModelInfo>,
+    /// Least recently used first.
+    resident: Mutex<Vec<Resident>>,
     known: Mutex<HashMap<String, ModelInfo>>,
+    /// One load or unload at a time.
+    load_lock: tokio::sync::Mutex<()>,
+    /// The last ladder started, for /health.
+    ladder: Mutex<Arc<WarmupLadder>>,
 }
 
 impl Engine {
-    /// Start the MLX thread, load the configured model on it, and get ready to serve it.
+    /// Start the MLX thread and load the configured model on it. Background work (load-time
+    /// warmup, the ladder, keep-alive) starts with `start_background`.
     pub fn start(config: EngineConfig) -> Result<Engine> {
         let dir = crate::model::resolve(&config.model, &config.models_dir)?;
         let (tx, rx) = mpsc::channel::<Task>();
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<ModelInfo>>();
-        let draft = config.draft.clone();
         std::thread::Builder::new()
             .name("perch-mlx".into())
             .spawn(move || {
-                let mut model = match load_model(&dir).and_then(|m| DraftMode::parse(&draft, &m).map(|_| m)) {
-                    Ok(m) => m,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                let _ = ready_tx.send(Ok(info_of(&model)));
+                let mut worker = Worker { models: HashMap::new(), scratch: None };
                 while let Ok(task) = rx.recv() {
                     // A panicking task fails its own request (its reply channel drops), not
                     // the engine.
-                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task(&mut model))).is_err() {
-                        tracing::error!("a generation panicked");
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task(&mut worker))).is_err() {
+                        tracing::error!("a task on the MLX thread panicked");
                     }
                 }
             })
             .map_err(|e| EngineError::Internal(format!("cannot start the MLX thread: {e}")))?;
-        let info = ready_rx.recv().map_err(|_| EngineError::Internal("the MLX thread died while loading".into()))??;
-        Ok(Engine {
-            gate: Gate::new(config.max_queue),
+        let engine = Engine {
+            gate: Arc::new(Gate::new(config.max_queue)),
             foreground: Arc::new(Foreground::new()),
+            leases: Leases::new(),
             started: Instant::now(),
             worker: Mutex::new(tx),
-            known: Mutex::new(HashMap::from([(info.id.clone(), info.clone())])),
-            loaded: Mutex::new(info),
+            resident: Mutex::new(Vec::new()),
+            known: Mutex::new(HashMap::new()),
+            load_lock: tokio::sync::Mutex::new(()),
+            ladder: Mutex::new(WarmupLadder::disabled()),
             config,
-        })
+        };
+        let draft = engine.config.draft.clone();
+        let info = engine.on_worker(move |w| {
+            let model = load_model(&dir)?;
+            DraftMode::parse(&draft, &model)?;
+            let info = info_of(&model);
+            w.models.insert(model.id.clone(), model);
+            Ok(info)
+        })?;
+        engine.publish(info);
+        Ok(engine)
     }
 
-    pub fn loaded(&self) -> ModelInfo {
-        self.loaded.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    /// Run `f` on the MLX thread and wait for its result (blocking: not from async code).
+    pub(crate) fn on_worker<T: Send + 'static>(&self, f: impl FnOnce(&mut Worker) -> Result<T> + Send + 'static) -> Result<T> {
+        let (tx, rx) = mpsc::channel();
+        let task: Task = Box::new(move |w| {
+            let _ = tx.send(f(w));
+        });
+        self.worker.lock().unwrap_or_else(|e| e.into_inner()).send(task).map_err(|_| EngineError::Internal("the MLX thread has stopped".into()))?;
+        rx.recv().map_err(|_| EngineError::Internal("a task failed on the MLX thread (see the log)".into()))?
     }
 
-    pub fn loaded_snapshot(&self) -> LoadedSnapshot {
-        let m = self.loaded();
-        LoadedSnapshot { id: m.id, architecture: m.architecture, context_length: m.context_length, mtp: m.has_mtp, draft: self.config.draft.clone() }
+    /// Queue `f` on the MLX thread; the receiver yields its result.
+    pub(crate) fn on_worker_async<T: Send + 'static>(&self, f: impl FnOnce(&mut Worker) -> Result<T> + Send + 'static) -> Result<tokio::sync::oneshot::Receiver<Result<T>>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let task: Task = Box::new(move |w| {
+            let _ = tx.send(f(w));
+        });
+        self.worker.lock().unwrap_or_else(|e| e.into_inner()).send(task).map_err(|_| EngineError::Internal("the MLX thread has stopped".into()))?;
+        Ok(rx)
     }
 
-    /// The model a request names: the loaded one, or an installed id (never a path: a request
-    /// must not make the engine read arbitrary directories).
-    pub fn model_info(&self, id: &str) -> Result<ModelInfo> {
-        let loaded = self.loaded();
-        if loaded.id == id {
-            return Ok(loaded);
+    fn publish(&self, info: ModelInfo) {
+        let ladder = WarmupLadder::new(self.config.ladder.clone(), &info.id, info.context_length);
+        self.known.lock().unwrap_or_else(|e| e.into_inner()).insert(info.id.clone(), info.clone());
+        self.resident.lock().unwrap_or_else(|e| e.into_inner()).push(Resident {
+            info,
+            last_used: Instant::now(),
+            mtp_warm: Arc::new(AtomicBool::new(false)),
+            warmup: Arc::new(Mutex::new(WarmupOutcome::NotApplicable)),
+            ladder,
+        });
+    }
+
+    fn with_resident<T>(&self, id: &str, f: impl FnOnce(&mut Resident) -> T) -> Option<T> {
+        let mut r = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+        r.iter_mut().find(|m| m.info.id == id).map(f)
+    }
+
+    /// Start background work for the models loaded so far, and the keep-alive reaper.
+    pub fn start_background(self: &Arc<Self>) {
+        let ids: Vec<String> = self.resident.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|m| m.info.id.clone()).collect();
+        for id in ids {
+            let lease = self.leases.acquire(&id);
+            let engine = self.clone();
+            tokio::spawn(async move { engine.after_load(&id, lease).await });
         }
+        let engine = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let Some(engine) = engine.upgrade() else { return };
+                engine.reap_idle().await;
+            }
+        });
+    }
+
+    /// After a model is published: load-time warmup (awaited, bounded), then the ladder in
+    /// the background. `lease` pins the model from publication to the warmup's end.
+    async fn after_load(self: Arc<Self>, id: &str, lease: Lease) {
+        let Some((info, warm, outcome, ladder)) = self.with_resident(id, |m| (m.info.clone(), m.mtp_warm.clone(), m.warmup.clone(), m.ladder.clone())) else { return };
+        let result = if !info.has_mtp {
+            drop(lease);
+            WarmupOutcome::NotApplicable
+        } else if !self.config.load_warmup {
+            drop(lease);
+            WarmupOutcome::Disabled
+        } else {
+            let work = WorkerWork::new(&self, id);
+            warm_at_load(&work, id, &self.gate, lease, self.config.warmup_deadline, &warm).await
+        };
+        *outcome.lock().unwrap_or_else(|e| e.into_inner()) = result;
+        *self.ladder.lock().unwrap_or_else(|e| e.into_inner()) = ladder.clone();
+        let work: Arc<dyn super::ladder::RungWork> = Arc::new(WorkerWork::new(&self, id));
+        let (fg, gate, leases, id) = (self.foreground.clone(), self.gate.clone(), self.leases.clone(), id.to_string());
+        tokio::spawn(ladder.run(work, id, fg, gate, leases));
+    }
+
+    /// The most recently used resident model (`None` once keep-alive unloaded them all).
+    pub fn loaded(&self) -> Option<ModelInfo> {
+        self.resident.lock().unwrap_or_else(|e| e.into_inner()).last().map(|m| m.info.clone())
+    }
+
+    pub fn resident_ids(&self) -> Vec<String> {
+        self.resident.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|m| m.info.id.clone()).collect()
+    }
+
+    pub fn resident_snapshot(&self) -> Vec<LoadedSnapshot> {
+        let r = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+        r.iter()
+            .map(|m| LoadedSnapshot {
+                id: m.info.id.clone(),
+                architecture: m.info.architecture.clone(),
+                context_length: m.info.context_length,
+                mtp: m.info.has_mtp,
+                mtp_warm: m.mtp_warm.load(Ordering::SeqCst),
+                load_time_warmup: *m.warmup.lock().unwrap_or_else(|e| e.into_inner()),
+                leases: self.leases.count(&m.info.id),
+                idle_s: m.last_used.elapsed().as_secs_f64(),
+            })
+            .collect()
+    }
+
+    pub fn ladder_status(&self) -> LadderStatus {
+        self.ladder.lock().unwrap_or_else(|e| e.into_inner()).status()
+    }
+
+    /// The model a request names: a resident one, or an installed id (never a path: a
+    /// request must not make the engine read arbitrary directories).
+    pub fn model_info(&self, id: &str) -> Result<ModelInfo> {
         if let Some(info) = self.known.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
             return Ok(info.clone());
         }
@@ -130,8 +295,133 @@ impl Engine {
         Ok(info)
     }
 
-    /// Generate with model `id` on the MLX thread, loading it in place of the current one if
-    /// needed, and wait for the result. The caller holds the gate.
+    /// A lease on model `id`, loading it first if needed (evicting the least recently used
+    /// model once its leases reach zero when `max_resident` are loaded).
+    pub async fn lease_model(self: &Arc<Self>, id: &str) -> Result<Lease> {
+        if let Some(lease) = self.lease_if_resident(id) {
+            return Ok(lease);
+        }
+        let info = self.model_info(id)?;
+        let guard = self.load_lock.lock().await;
+        if let Some(lease) = self.lease_if_resident(id) {
+            return Ok(lease);
+        }
+        while self.resident.lock().unwrap_or_else(|e| e.into_inner()).len() >= self.config.max_resident.max(1) {
+            let victim = self.resident.lock().unwrap_or_else(|e| e.into_inner())[0].info.id.clone();
+            tracing::info!(evict = %victim, load = %id, "evicting the least recently used model");
+            self.unload_locked(&victim).await?;
+        }
+        let dir = info.dir.clone();
+        let rx = self.on_worker_async(move |w| {
+            let model = load_model(&dir)?;
+            let info = info_of(&model);
+            w.models.insert(model.id.clone(), model);
+            Ok(info)
+        })?;
+        let loaded = rx.await.map_err(|_| EngineError::Internal("loading failed on the MLX thread".into()))??;
+        let loaded = ModelInfo { id: id.to_string(), ..loaded };
+        self.publish(loaded);
+        // Leased from publication through the warmup (SPEC §3).
+        let warm_lease = self.leases.acquire(id);
+        let lease = self.leases.acquire(id);
+        drop(guard);
+        self.clone().after_load(id, warm_lease).await;
+        Ok(lease)
+    }
+
+    fn lease_if_resident(&self, id: &str) -> Option<Lease> {
+        let mut r = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+        let at = r.iter().position(|m| m.info.id == id)?;
+        let mut m = r.remove(at);
+        m.last_used = Instant::now();
+        r.push(m);
+        Some(self.leases.acquire(id))
+    }
+
+    /// Unload `id` once its leases reach zero.
+    pub async fn unload(&self, id: &str) -> Result<()> {
+        let _guard = self.load_lock.lock().await;
+        self.unload_locked(id).await
+    }
+
+    async fn unload_locked(&self, id: &str) -> Result<()> {
+        if let Some(ladder) = self.with_resident(id, |m| m.ladder.clone()) {
+            ladder.stop();
+        }
+        self.leases.released(Some(id)).await;
+        let owned = id.to_string();
+        let rx = self.on_worker_async(move |w| {
+            w.models.remove(&owned);
+            if w.scratch.as_ref().is_some_and(|s| s.model == owned) {
+                w.scratch = None;
+            }
+            Ok(())
+        })?;
+        rx.await.map_err(|_| EngineError::Internal("unloading failed on the MLX thread".into()))??;
+        self.resident.lock().unwrap_or_else(|e| e.into_inner()).retain(|m| m.info.id != id);
+        tracing::info!(model = id, "unloaded");
+        Ok(())
+    }
+
+    /// Unload models idle past the keep-alive.
+    async fn reap_idle(&self) {
+        let limit = match self.config.keep_alive {
+            KeepAlive::Forever => return,
+            KeepAlive::UnloadWhenIdle => Duration::ZERO,
+            KeepAlive::For(d) => d,
+        };
+        let idle: Vec<String> = self
+            .resident
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|m| m.last_used.elapsed() >= limit && self.leases.count(&m.info.id) == 0)
+            .map(|m| m.info.id.clone())
+            .collect();
+        for id in idle {
+            if let Err(e) = self.unload(&id).await {
+                tracing::warn!(error = %e, model = %id, "keep-alive unload failed");
+            }
+        }
+    }
+
+    /// At quit: stop background work and wait up to `within` for every lease; false if some
+    /// were still held (the caller then cancels what runs).
+    pub async fn drain(&self, within: Duration) -> bool {
+        for m in self.resident.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            m.ladder.stop();
+        }
+        self.leases.drain(None, within).await
+    }
+
+    /// A whole user request without HTTP (benchmarks, tests): arrival, lease, queue, gate,
+    /// generation, as the server does it. Returns the generation and its time to first token
+    /// measured from arrival.
+    pub async fn user_request(self: &Arc<Self>, id: &str, prompt: Vec<u32>, params: GenerateParams) -> Result<(Generation, Duration)> {
+        let mut user = self.foreground.arrive();
+        let arrived = Instant::now();
+        let lease = self.lease_model(id).await?;
+        user.queue();
+        let permit = self.gate.acquire(super::Policy::WaitForTurn).await.map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+        user.start();
+        let first: Arc<Mutex<Option<Instant>>> = Arc::default();
+        let (engine, id, seen) = (self.clone(), id.to_string(), first.clone());
+        let g = tokio::task::spawn_blocking(move || {
+            let cancel = Arc::new(AtomicBool::new(false));
+            let r = engine.generate_blocking(&id, prompt, params, cancel, move |_, _| {
+                seen.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(Instant::now);
+            });
+            drop((permit, lease, user));
+            r
+        })
+        .await
+        .map_err(|e| EngineError::Internal(e.to_string()))??;
+        let ttft = first.lock().unwrap_or_else(|e| e.into_inner()).map_or(arrived.elapsed(), |t| t - arrived);
+        Ok((g, ttft))
+    }
+
+    /// Generate with resident model `id` on the MLX thread and wait for the result. The caller
+    /// holds a lease on `id` and the gate.
     pub fn generate_blocking(
         &self,
         id: &str,
@@ -140,40 +430,31 @@ impl Engine {
         cancel: Arc<AtomicBool>,
         mut on_piece: impl FnMut(&str, &[TokenLogprob]) + Send + 'static,
     ) -> Result<Generation> {
-        let target = self.model_info(id)?;
         let default_draft = self.config.draft.clone();
-        let (done, result) = mpsc::channel::<Result<(Generation, Option<ModelInfo>)>>();
-        let task: Task = Box::new(move |model: &mut LoadedModel| {
-            let run = || -> Result<(Generation, Option<ModelInfo>)> {
-                let mut switched = None;
-                if model.id != target.id {
-                    tracing::info!(from = %model.id, to = %target.id, "switching models");
-                    *model = load_model(&target.dir)?;
-                    switched = Some(info_of(model));
-                }
-                let mut params = params;
-                if params.draft == DraftMode::None && default_draft != "none" {
-                    params.draft = DraftMode::parse(&default_draft, model).unwrap_or(DraftMode::None);
-                }
-                let g = generate_streaming(model, &prompt, &params, Some(&cancel), &mut on_piece)?;
-                Ok((g, switched))
-            };
-            let _ = done.send(run());
+        let warm = self.with_resident(id, |m| {
+            m.last_used = Instant::now();
+            m.mtp_warm.clone()
         });
-        self.worker
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send(task)
-            .map_err(|_| EngineError::Internal("the MLX thread has stopped".into()))?;
-        let (g, switched) = result.recv().map_err(|_| EngineError::Internal("the generation failed inside the engine (see the log)".into()))??;
-        if let Some(info) = switched {
-            *self.loaded.lock().unwrap_or_else(|e| e.into_inner()) = info;
+        let owned = id.to_string();
+        let g = self.on_worker(move |w| {
+            let model = w.models.get(&owned).ok_or_else(|| EngineError::Internal(format!("model `{owned}` is not loaded")))?;
+            let mut params = params;
+            if params.draft == DraftMode::None && default_draft != "none" {
+                params.draft = DraftMode::parse(&default_draft, model).unwrap_or(DraftMode::None);
+            }
+            generate_streaming(model, &prompt, &params, Some(&cancel), &mut on_piece)
+        })?;
+        // A real MTP generation pays the cold costs a skipped load-time warmup left.
+        if g.draft.as_ref().is_some_and(|d| d.mode == "mtp") {
+            if let Some(w) = warm {
+                w.store(true, Ordering::SeqCst);
+            }
         }
         Ok(g)
     }
 }
 
-fn info_of(model: &LoadedModel) -> ModelInfo {
+pub(crate) fn info_of(model: &LoadedModel) -> ModelInfo {
     ModelInfo {
         id: model.id.clone(),
         dir: model.dir.clone(),

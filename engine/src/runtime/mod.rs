@@ -1,11 +1,18 @@
 //! The runtime between the server and the models (`../shared/SPEC.md` §1–§5): who is using
-//! the engine (foreground accounting), who may generate now (the generation gate), and the
-//! loaded model.
+//! the engine (foreground accounting), who may generate now (the generation gate), what pins
+//! a model (leases), and the background work that warms it (load-time MTP warmup, the
+//! warmup ladder).
 
+mod background;
 pub mod engine;
 pub mod foreground;
 pub mod gate;
+pub mod ladder;
+pub mod lease;
+pub mod warmup;
 
-pub use engine::{Engine, EngineConfig};
+pub use engine::{Engine, EngineConfig, KeepAlive};
 pub use foreground::{Foreground, ForegroundSnapshot, UserRequest};
 pub use gate::{Gate, GateError, GatePermit, Policy};
+pub use ladder::{LadderConfig, LadderState, WarmupLadder};
+pub use lease::{Lease, Leases};

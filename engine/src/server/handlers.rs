@@ -23,7 +23,7 @@ use super::request_log::RequestRecord;
 use super::App;
 use crate::generate::{FinishReason, Generation, TokenLogprob};
 use crate::runtime::engine::ModelInfo;
-use crate::runtime::{GateError, GatePermit, Policy, UserRequest};
+use crate::runtime::{GateError, GatePermit, Lease, Policy, UserRequest};
 
 fn unix_now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
@@ -34,13 +34,16 @@ fn model_entry(id: &str, context_length: Option<u64>, architecture: &str, loaded
 }
 
 fn model_list(app: &App) -> Vec<Value> {
-    let loaded = app.engine.loaded();
+    let resident = app.engine.resident_snapshot();
     let mut out: Vec<Value> = crate::model::list_installed(&app.engine.config.models_dir)
         .into_iter()
-        .map(|m| model_entry(&m.id, m.context_length, &m.architecture, m.id == loaded.id))
+        .map(|m| model_entry(&m.id, m.context_length, &m.architecture, resident.iter().any(|r| r.id == m.id)))
         .collect();
-    if !out.iter().any(|m| m["id"] == loaded.id.as_str()) {
-        out.insert(0, model_entry(&loaded.id, Some(loaded.context_length as u64), &loaded.architecture, true));
+    // A model served from a directory outside the models directory.
+    for r in resident {
+        if !out.iter().any(|m| m["id"] == r.id.as_str()) {
+            out.insert(0, model_entry(&r.id, Some(r.context_length as u64), &r.architecture, true));
+        }
     }
     out
 }
@@ -59,6 +62,7 @@ pub async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Respo
 pub async fn health(State(app): State<Arc<App>>) -> Response {
     let e = &app.engine;
     let fg = e.foreground.snapshot();
+    let resident = e.resident_snapshot();
     let mem = |r: mlx_rs::error::Result<usize>| r.ok().map(|v| v as u64);
     Json(json!({
         "status": "ok",
@@ -70,12 +74,12 @@ pub async fn health(State(app): State<Arc<App>>) -> Response {
         "seconds_since_last_arrival": fg.seconds_since_last_arrival,
         "requests_completed": fg.requests_completed,
         "gate": e.gate.snapshot(),
-        "model": e.loaded_snapshot(),
-        // Leases, load-time MTP warmup and the warmup ladder arrive with the runtime issue;
-        // until then these say what is true: one resident model, nothing warming.
-        "leases": {"total": fg.foreground_active},
-        "mtp": {"present": e.loaded().has_mtp, "warm": false, "load_time_warmup": "not_implemented"},
-        "warmup_ladder": {"state": "disabled"},
+        "model": resident.last(),
+        "models": resident,
+        "draft": e.config.draft,
+        "leases": {"total": e.leases.total(), "by_model": e.leases.snapshot()},
+        "mtp": resident.last().map(|m| json!({"present": m.mtp, "warm": m.mtp_warm, "load_time_warmup": m.load_time_warmup})),
+        "warmup_ladder": e.ladder_status(),
         "memory": {
             "active_bytes": mem(mlx_rs::memory::active_memory()),
             "cache_bytes": mem(mlx_rs::memory::cache_memory()),
@@ -210,6 +214,15 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: Result<Bytes, BytesRe
             return e.into_response();
         }
     };
+    // Pin the model (loading it if needed) before queueing for the gate.
+    let lease = match app.engine.lease_model(&p.info.id).await {
+        Ok(lease) => lease,
+        Err(e) => {
+            let e = ApiError::from(e);
+            record(&p.req.model, p.req.stream, &e);
+            return e.into_response();
+        }
+    };
     user.queue();
     let permit = match app.engine.gate.acquire(Policy::WaitForTurn).await {
         Ok(permit) => permit,
@@ -233,7 +246,7 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: Result<Bytes, BytesRe
     let logprobs = p.req.logprobs.is_some();
     {
         let (app, id, cancel) = (app.clone(), id.clone(), cancel.clone());
-        tokio::task::spawn_blocking(move || run(app, id, n, p, permit, user, cancel, arrived, tx));
+        tokio::task::spawn_blocking(move || run(app, id, n, p, (permit, lease), user, cancel, arrived, tx));
     }
     let guard = CancelOnDrop(cancel);
     let created = unix_now() as u64;
@@ -247,7 +260,7 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: Result<Bytes, BytesRe
 /// The generation itself, on a blocking thread. The permit and the user guard live exactly as
 /// long as the generation does.
 #[allow(clippy::too_many_arguments)]
-fn run(app: Arc<App>, id: String, n: u64, p: Prepared, permit: GatePermit, user: UserRequest, cancel: Arc<AtomicBool>, arrived: Instant, tx: mpsc::UnboundedSender<Msg>) {
+fn run(app: Arc<App>, id: String, n: u64, p: Prepared, held: (GatePermit, Lease), user: UserRequest, cancel: Arc<AtomicBool>, arrived: Instant, tx: mpsc::UnboundedSender<Msg>) {
     let started = Instant::now();
     let mut params = p.req.params.clone();
     params.logprobs = p.req.logprobs;
@@ -300,7 +313,7 @@ fn run(app: Arc<App>, id: String, n: u64, p: Prepared, permit: GatePermit, user:
     }
     // The request has ended for the engine before its client can see it end: the next one may
     // start, and /health already counts this one.
-    drop(permit);
+    drop(held);
     drop(user);
     let _ = tx.send(Msg::Done(result));
 }

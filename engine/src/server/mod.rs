@@ -151,6 +151,7 @@ impl Server {
             Some(dir) => Some(RequestLog::open(dir, config.log_max_bytes, 3, config.log_text).map_err(ServeError::Log)?),
             None => None,
         };
+        engine.start_background();
         let app = Arc::new(App { engine, config, metrics: Metrics::new(), log, next_id: AtomicU64::new(1), in_flight: Mutex::new(HashMap::new()) });
         let (stop, stopped) = oneshot::channel::<()>();
         let service = router(app.clone());
@@ -176,6 +177,8 @@ impl Server {
         }
         let grace = self.app.config.shutdown_grace;
         let mut task = self.task;
+        // Background work stops at its next chunk; its leases drain with the requests'.
+        self.app.engine.drain(Duration::ZERO).await;
         if tokio::time::timeout(grace, &mut task).await.is_err() {
             let n = self.app.cancel_all();
             tracing::warn!(cancelled = n, "shutdown deadline passed; cancelling in-flight generations");

@@ -1,0 +1,249 @@
+//! The background warmup ladder (SPEC §5): while nobody is using the engine, prefill prompts
+//! of growing length so first-touch costs are paid before a user needs them, and get out of
+//! the way within one chunk the moment a user shows up.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use serde::Serialize;
+
+use super::{Foreground, ForegroundSnapshot, Gate, Leases};
+use crate::error::Result;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LadderConfig {
+    pub enabled: bool,
+    /// Prompt lengths, in tokens, warmed in order.
+    pub rungs: Vec<usize>,
+    /// Tokens per prefill chunk: the most a user can wait for the ladder to yield.
+    pub chunk: usize,
+    /// Tokens generated after each rung's prefill.
+    pub decode_tokens: usize,
+    /// After a user request, quiet time before the ladder may run (0: none).
+    #[serde(serialize_with = "secs")]
+    pub idle_grace: Duration,
+    /// A rung interrupted this many times ends the ladder (`abandoned_busy`).
+    pub max_interruptions: u32,
+}
+
+fn secs<S: serde::Serializer>(d: &Duration, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+impl Default for LadderConfig {
+    fn default() -> Self {
+        LadderConfig { enabled: true, rungs: vec![512, 2560], chunk: 256, decode_tokens: 8, idle_grace: Duration::from_secs(90), max_interruptions: 8 }
+    }
+}
+
+impl LadderConfig {
+    pub const TURBO: [usize; 8] = [512, 1024, 2048, 2560, 4096, 8192, 16384, 32768];
+
+    /// `default`, `turbo` or `off`.
+    pub fn profile(name: &str) -> Option<LadderConfig> {
+        let d = LadderConfig::default();
+        match name {
+            "default" => Some(d),
+            "turbo" => Some(LadderConfig { rungs: Self::TURBO.to_vec(), ..d }),
+            "off" => Some(LadderConfig { enabled: false, ..d }),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LadderState {
+    Idle,
+    Waiting,
+    Running,
+    Done,
+    AbandonedBusy,
+    Disabled,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LadderStatus {
+    pub state: LadderState,
+    pub model: Option<String>,
+    pub rungs_done: Vec<usize>,
+    pub rungs_left: Vec<usize>,
+    pub current_rung: Option<usize>,
+    pub interruptions: u32,
+}
+
+/// Whether a rung may start now (SPEC §5 admission, in its order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// A user request is generating or queued: its own branch, whatever the grace.
+    HoldForeground,
+    /// A user request arrived and has not begun yet.
+    HoldArrival,
+    /// No user request has completed since start: warm now.
+    WarmFresh,
+    WarmIdle,
+    HoldGrace,
+}
+
+pub fn admission(fg: &ForegroundSnapshot, grace: Duration) -> Admission {
+    if fg.foreground_active > 0 || fg.foreground_queued > 0 {
+        return Admission::HoldForeground;
+    }
+    if fg.foreground_arriving > 0 {
+        return Admission::HoldArrival;
+    }
+    match fg.seconds_since_last_request {
+        None if fg.requests_completed == 0 => Admission::WarmFresh,
+        Some(s) if s >= grace.as_secs_f64() => Admission::WarmIdle,
+        None => Admission::WarmIdle,
+        Some(_) => Admission::HoldGrace,
+    }
+}
+
+/// The model work of a rung, so the ladder's policy can be tested with fakes.
+pub trait RungWork: Send + Sync {
+    /// Prefill positions `start..start + len` of a `rung`-token warmup prompt (start 0 begins
+    /// a new rung).
+    fn prefill_chunk(&self, rung: usize, start: usize, len: usize) -> BoxFuture<'static, Result<()>>;
+    /// One decode step after the rung's prefill.
+    fn decode_step(&self) -> BoxFuture<'static, Result<()>>;
+    /// The rung ended (done or aborted): drop what it holds.
+    fn end_rung(&self) -> BoxFuture<'static, ()>;
+}
+
+enum RungEnd {
+    Done,
+    Interrupted,
+    Failed,
+}
+
+/// How often a waiting ladder looks again.
+const POLL: Duration = Duration::from_millis(20);
+
+pub struct WarmupLadder {
+    cfg: LadderConfig,
+    status: Mutex<LadderStatus>,
+    stop: AtomicBool,
+}
+
+impl WarmupLadder {
+    /// A ladder for a model with `context` tokens (longer rungs are dropped).
+    pub fn new(mut cfg: LadderConfig, model: &str, context: usize) -> Arc<WarmupLadder> {
+        cfg.rungs.retain(|&r| r > 0 && r < context);
+        let state = if cfg.enabled && !cfg.rungs.is_empty() { LadderState::Idle } else { LadderState::Disabled };
+        let status = LadderStatus { state, model: Some(model.to_string()), rungs_done: vec![], rungs_left: cfg.rungs.clone(), current_rung: None, interruptions: 0 };
+        Arc::new(WarmupLadder { cfg, status: Mutex::new(status), stop: AtomicBool::new(false) })
+    }
+
+    pub fn disabled() -> Arc<WarmupLadder> {
+        let cfg = LadderConfig { enabled: false, ..LadderConfig::default() };
+        let status = LadderStatus { state: LadderState::Disabled, model: None, rungs_done: vec![], rungs_left: vec![], current_rung: None, interruptions: 0 };
+        Arc::new(WarmupLadder { cfg, status: Mutex::new(status), stop: AtomicBool::new(false) })
+    }
+
+    pub fn status(&self) -> LadderStatus {
+        self.status.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn update(&self, f: impl FnOnce(&mut LadderStatus)) {
+        f(&mut self.status.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    /// Stop at the next chunk boundary (model unload, engine restart).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Run the ladder to its end. Background work: it never touches the foreground figures.
+    pub async fn run(self: Arc<Self>, work: Arc<dyn RungWork>, model: String, fg: Arc<Foreground>, gate: Arc<Gate>, leases: Arc<Leases>) {
+        if self.status().state == LadderState::Disabled {
+            return;
+        }
+        let mut left: VecDeque<usize> = self.cfg.rungs.iter().copied().collect();
+        while let Some(&rung) = left.front() {
+            if self.stopped() {
+                return;
+            }
+            let admitted = matches!(admission(&fg.snapshot(), self.cfg.idle_grace), Admission::WarmFresh | Admission::WarmIdle);
+            // A request arriving between this check and the first chunk is caught by the
+            // rung's own check before that chunk.
+            let permit = if admitted { gate.try_acquire() } else { None };
+            let Some(permit) = permit else {
+                self.update(|s| s.state = LadderState::Waiting);
+                tokio::time::sleep(POLL).await;
+                continue;
+            };
+            self.update(|s| {
+                s.state = LadderState::Running;
+                s.current_rung = Some(rung);
+            });
+            let lease = leases.acquire(&model);
+            let end = self.run_rung(work.as_ref(), rung, &fg).await;
+            work.end_rung().await;
+            drop(lease);
+            drop(permit);
+            match end {
+                RungEnd::Done | RungEnd::Failed => {
+                    left.pop_front();
+                    let done = matches!(end, RungEnd::Done);
+                    self.update(|s| {
+                        if done {
+                            s.rungs_done.push(rung);
+                        }
+                        s.rungs_left = left.iter().copied().collect();
+                        s.current_rung = None;
+                    });
+                }
+                RungEnd::Interrupted => {
+                    let mut abandoned = false;
+                    self.update(|s| {
+                        s.interruptions += 1;
+                        s.current_rung = None;
+                        abandoned = s.interruptions >= self.cfg.max_interruptions;
+                        s.state = if abandoned { LadderState::AbandonedBusy } else { LadderState::Waiting };
+                    });
+                    if abandoned {
+                        tracing::info!("warmup ladder abandoned: the engine is too busy");
+                        return;
+                    }
+                }
+            }
+        }
+        self.update(|s| s.state = LadderState::Done);
+    }
+
+    /// Prefill then decode, checking for users between every chunk and step.
+    async fn run_rung(&self, work: &dyn RungWork, rung: usize, fg: &Foreground) -> RungEnd {
+        let chunk = self.cfg.chunk.max(1);
+        let mut start = 0;
+        let yield_now = || fg.busy() || self.stopped();
+        while start < rung {
+            if yield_now() {
+                return RungEnd::Interrupted;
+            }
+            let len = chunk.min(rung - start);
+            if let Err(e) = work.prefill_chunk(rung, start, len).await {
+                tracing::warn!(error = %e, rung, "warmup rung failed");
+                return RungEnd::Failed;
+            }
+            start += len;
+        }
+        for _ in 0..self.cfg.decode_tokens {
+            if yield_now() {
+                return RungEnd::Interrupted;
+            }
+            if let Err(e) = work.decode_step().await {
+                tracing::warn!(error = %e, rung, "warmup rung failed");
+                return RungEnd::Failed;
+            }
+        }
+        RungEnd::Done
+    }
+}

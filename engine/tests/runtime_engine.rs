@@ -1,0 +1,123 @@
+//! The runtime on a real fixture model: the warmup ladder yielding to a user request, leases
+//! holding off eviction and unload, the timed drain, keep-alive.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use perch_engine::generate::GenerateParams;
+use perch_engine::runtime::{Engine, EngineConfig, KeepAlive, LadderConfig, LadderState};
+
+fn config(ladder: LadderConfig) -> EngineConfig {
+    std::env::set_var("PERCH_DTYPE", "f32");
+    EngineConfig {
+        models_dir: fixture_dir("qwen3").parent().unwrap().to_path_buf(),
+        model: "qwen3".into(),
+        draft: "none".into(),
+        ladder,
+        ..Default::default()
+    }
+}
+
+fn params(max_tokens: usize) -> GenerateParams {
+    GenerateParams { max_tokens, ignore_eos: true, ..Default::default() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_request_waits_at_most_one_warming_chunk() {
+    // Long rungs in small chunks on the fixture, so a request surely lands mid-rung.
+    let ladder = LadderConfig { rungs: vec![1536, 1900], chunk: 128, decode_tokens: 4, idle_grace: Duration::ZERO, max_interruptions: 8, enabled: true };
+    let engine = Arc::new(Engine::start(config(ladder.clone())).unwrap());
+    let prompt: Vec<u32> = golden("qwen3").prompt_ids;
+    // Baseline on a quiet engine first (ladder not started yet), and the time of one chunk
+    // at the rung's depth: a 128-token prompt after 1400 cached... approximated by a
+    // 1536-token prefill / 12 chunks.
+    let mut quiet = Duration::MAX;
+    for _ in 0..3 {
+        quiet = quiet.min(engine.user_request("qwen3", prompt.clone(), params(1)).await.unwrap().1);
+    }
+    let long: Vec<u32> = prompt.iter().copied().cycle().take(1536).collect();
+    let (g, _) = engine.user_request("qwen3", long, params(1)).await.unwrap();
+    let chunk = g.ttft / 12;
+    engine.start_background();
+    while engine.ladder_status().state != LadderState::Running {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(chunk / 2).await;
+    let (_, busy) = engine.user_request("qwen3", prompt.clone(), params(1)).await.unwrap();
+    let st = engine.ladder_status();
+    println!(
+        "TTFT quiet {:.1} ms, during a rung {:.1} ms; one chunk ~{:.1} ms; ladder {:?}, {} interruption(s)",
+        quiet.as_secs_f64() * 1e3,
+        busy.as_secs_f64() * 1e3,
+        chunk.as_secs_f64() * 1e3,
+        st.state,
+        st.interruptions
+    );
+    assert!(st.interruptions >= 1, "the request did not interrupt the rung");
+    assert!(busy <= quiet + chunk * 2 + Duration::from_millis(20), "TTFT {busy:?} vs quiet {quiet:?}: delayed by more than a chunk ({chunk:?})");
+    // The ladder resumes and finishes afterwards, and never counted as a user.
+    let t = Instant::now();
+    while engine.ladder_status().state != LadderState::Done {
+        assert!(t.elapsed() < Duration::from_secs(60), "ladder stuck: {:?}", engine.ladder_status());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(engine.foreground.snapshot().requests_completed, 5);
+    assert_eq!(engine.leases.total(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_and_unload_wait_for_leases_and_the_drain_is_timed() {
+    let engine = Arc::new(Engine::start(config(LadderConfig::profile("off").unwrap())).unwrap());
+    let held = engine.lease_model("qwen3").await.unwrap();
+    // Loading another model (one resident at most) must wait for qwen3's lease.
+    let load = tokio::spawn({
+        let engine = engine.clone();
+        async move { engine.lease_model("llama").await.map(|_| ()) }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!load.is_finished(), "evicted a leased model");
+    assert_eq!(engine.resident_ids(), vec!["qwen3".to_string()]);
+    // The timed drain gives up while the lease is held.
+    let t = Instant::now();
+    assert!(!engine.drain(Duration::from_millis(100)).await);
+    assert!(t.elapsed() < Duration::from_millis(500));
+    drop(held);
+    tokio::time::timeout(Duration::from_secs(10), load).await.unwrap().unwrap().unwrap();
+    assert_eq!(engine.resident_ids(), vec!["llama".to_string()]);
+    // A generation on the newly loaded model works.
+    let (g, _) = engine.user_request("llama", golden("llama").prompt_ids, params(4)).await.unwrap();
+    assert_eq!(g.tokens, golden("llama").greedy_tokens[..4].to_vec());
+    // An explicit unload waits for a lease too.
+    let held = engine.lease_model("llama").await.unwrap();
+    let unload = tokio::spawn({
+        let engine = engine.clone();
+        async move { engine.unload("llama").await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!unload.is_finished());
+    drop(held);
+    tokio::time::timeout(Duration::from_secs(5), unload).await.unwrap().unwrap().unwrap();
+    assert!(engine.resident_ids().is_empty());
+    assert!(engine.drain(Duration::from_millis(10)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_zero_unloads_after_each_request_and_reloads_on_demand() {
+    let cfg = EngineConfig { keep_alive: KeepAlive::UnloadWhenIdle, ..config(LadderConfig::profile("off").unwrap()) };
+    let engine = Arc::new(Engine::start(cfg).unwrap());
+    engine.start_background();
+    let g = golden("qwen3");
+    let (a, _) = engine.user_request("qwen3", g.prompt_ids.clone(), params(4)).await.unwrap();
+    let t = Instant::now();
+    while !engine.resident_ids().is_empty() {
+        assert!(t.elapsed() < Duration::from_secs(3), "not unloaded after the request");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (b, _) = engine.user_request("qwen3", g.prompt_ids.clone(), params(4)).await.unwrap();
+    assert_eq!(a.tokens, b.tokens);
+    assert_eq!(KeepAlive::from_secs(-1), KeepAlive::Forever);
+    assert_eq!(KeepAlive::from_secs(90), KeepAlive::For(Duration::from_secs(90)));
+}
