@@ -129,13 +129,8 @@ async fn holds_while_a_request_is_generating() {
     run.abort();
 }
 
-#[tokio::test]
-async fn holds_at_idle_grace_zero_while_a_request_is_live() {
-    let s = setup(Duration::ZERO, 2);
-    drop(s.fg.arrive()); // one request already completed: grace 0 would admit at once
-    let mut user = s.fg.arrive();
-    user.queue();
-    user.start();
+/// With grace 0, the ladder holds while `user` is live and runs to the end once it ends.
+async fn holds_until_the_request_ends(s: Setup, user: perch_engine::runtime::UserRequest) {
     let run = s.start();
     s.settle().await;
     s.held();
@@ -145,26 +140,28 @@ async fn holds_at_idle_grace_zero_while_a_request_is_live() {
 }
 
 #[tokio::test]
+async fn holds_at_idle_grace_zero_while_a_request_is_live() {
+    let s = setup(Duration::ZERO, 2);
+    drop(s.fg.arrive()); // one request already completed: grace 0 would admit at once
+    let mut user = s.fg.arrive();
+    user.queue();
+    user.start();
+    holds_until_the_request_ends(s, user).await;
+}
+
+#[tokio::test]
 async fn holds_while_a_request_is_queued() {
     let s = setup(Duration::ZERO, 2);
     let mut user = s.fg.arrive();
     user.queue();
-    let run = s.start();
-    s.settle().await;
-    s.held();
-    drop(user);
-    within(run).await.unwrap();
+    holds_until_the_request_ends(s, user).await;
 }
 
 #[tokio::test]
 async fn holds_between_a_requests_arrival_and_its_start() {
     let s = setup(Duration::ZERO, 2);
     let user = s.fg.arrive(); // parsing, tokenizing: not queued yet
-    let run = s.start();
-    s.settle().await;
-    s.held();
-    drop(user);
-    within(run).await.unwrap();
+    holds_until_the_request_ends(s, user).await;
 }
 
 #[tokio::test]
