@@ -21,12 +21,17 @@ fn config(ladder: LadderConfig) -> EngineConfig {
     }
 }
 
+/// These tests time things and each runs its own engine: one at a time, so they do not
+/// compete for the two cores.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn params(max_tokens: usize) -> GenerateParams {
     GenerateParams { max_tokens, ignore_eos: true, ..Default::default() }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_request_waits_at_most_one_warming_chunk() {
+    let _serial = SERIAL.lock().await;
     // Long rungs in small chunks on the fixture, so a request surely lands mid-rung.
     let ladder = LadderConfig { rungs: vec![1536, 1900], chunk: 128, decode_tokens: 4, idle_grace: Duration::ZERO, max_interruptions: 8, enabled: true };
     let engine = Arc::new(Engine::start(config(ladder.clone())).unwrap());
@@ -57,7 +62,7 @@ async fn a_user_request_waits_at_most_one_warming_chunk() {
         st.interruptions
     );
     assert!(st.interruptions >= 1, "the request did not interrupt the rung");
-    assert!(busy <= quiet + chunk * 2 + Duration::from_millis(20), "TTFT {busy:?} vs quiet {quiet:?}: delayed by more than a chunk ({chunk:?})");
+    assert!(busy <= quiet + chunk * 2 + Duration::from_millis(50), "TTFT {busy:?} vs quiet {quiet:?}: delayed by more than a chunk ({chunk:?})");
     // The ladder resumes and finishes afterwards, and never counted as a user.
     let t = Instant::now();
     while engine.ladder_status().state != LadderState::Done {
@@ -70,6 +75,7 @@ async fn a_user_request_waits_at_most_one_warming_chunk() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eviction_and_unload_wait_for_leases_and_the_drain_is_timed() {
+    let _serial = SERIAL.lock().await;
     let engine = Arc::new(Engine::start(config(LadderConfig::profile("off").unwrap())).unwrap());
     let held = engine.lease_model("qwen3").await.unwrap();
     // Loading another model (one resident at most) must wait for qwen3's lease.
@@ -106,6 +112,7 @@ async fn eviction_and_unload_wait_for_leases_and_the_drain_is_timed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alive_zero_unloads_after_each_request_and_reloads_on_demand() {
+    let _serial = SERIAL.lock().await;
     let cfg = EngineConfig { keep_alive: KeepAlive::UnloadWhenIdle, ..config(LadderConfig::profile("off").unwrap()) };
     let engine = Arc::new(Engine::start(cfg).unwrap());
     engine.start_background();
@@ -120,4 +127,41 @@ async fn keep_alive_zero_unloads_after_each_request_and_reloads_on_demand() {
     assert_eq!(a.tokens, b.tokens);
     assert_eq!(KeepAlive::from_secs(-1), KeepAlive::Forever);
     assert_eq!(KeepAlive::from_secs(90), KeepAlive::For(Duration::from_secs(90)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_time_mtp_warmup_warms_or_leaves_it_to_the_first_request() {
+    let _serial = SERIAL.lock().await;
+    use perch_engine::runtime::warmup::WarmupOutcome;
+    let cfg = |ladder| EngineConfig { model: MTP_FIXTURE.into(), draft: "mtp".into(), ..config(ladder) };
+    let wait_for = |engine: Arc<Engine>| async move {
+        let t = Instant::now();
+        loop {
+            let m = engine.resident_snapshot().remove(0);
+            if m.load_time_warmup != WarmupOutcome::NotApplicable {
+                return m;
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "warmup never ended");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    // Free gate: warm at load, and the warmup's lease is gone afterwards.
+    let engine = Arc::new(Engine::start(cfg(LadderConfig::profile("off").unwrap())).unwrap());
+    engine.start_background();
+    let m = wait_for(engine.clone()).await;
+    assert_eq!((m.load_time_warmup, m.mtp_warm), (WarmupOutcome::Warm, true));
+    assert_eq!(engine.leases.total(), 0);
+    assert_eq!(engine.foreground.snapshot().requests_completed, 0, "the warmup counted as a user");
+
+    // Busy gate: skipped, still cold; the first real MTP request warms it.
+    let engine = Arc::new(Engine::start(cfg(LadderConfig::profile("off").unwrap())).unwrap());
+    let user = engine.gate.try_acquire().unwrap();
+    engine.start_background();
+    let m = wait_for(engine.clone()).await;
+    assert_eq!((m.load_time_warmup, m.mtp_warm), (WarmupOutcome::SkippedBusy, false));
+    drop(user);
+    let prompt = golden(MTP_FIXTURE).prompt_ids;
+    let (g, _) = engine.user_request(MTP_FIXTURE, prompt, params(8)).await.unwrap();
+    assert_eq!(g.draft.unwrap().mode, "mtp");
+    assert!(engine.resident_snapshot()[0].mtp_warm, "the first MTP request did not mark the model warm");
 }
