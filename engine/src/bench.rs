@@ -205,8 +205,8 @@ pub async fn first_request(config: crate::runtime::EngineConfig, prompt_tokens: 
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             report.ladder_seconds = t0.elapsed().as_secs_f64();
-            // One chunk: the ladder's total prefill over its chunk count is a fair estimate;
-            // measure it directly instead with a prefill of one chunk on the warm engine.
+            // One chunk: a prefill of one chunk's tokens from an empty cache on the warm engine
+            // (chunks deep in a long rung attend to more keys and take somewhat longer).
             let chunk_prompt: Vec<u32> = unit.iter().copied().cycle().take(on_cfg.chunk).collect();
             let (g, _) = engine.user_request(&info.id, chunk_prompt, GenerateParams { max_tokens: 1, ..params.clone() }).await?;
             report.warming_chunk_s = g.ttft.as_secs_f64();

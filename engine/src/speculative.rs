@@ -135,17 +135,19 @@ impl DraftStats {
 struct Drafts {
     ids: Option<Array>,
     q: Option<Array>,
-    len: usize,
 }
 
 impl Drafts {
     fn none() -> Drafts {
-        Drafts { ids: None, q: None, len: 0 }
+        Drafts { ids: None, q: None }
     }
 
     fn from_host(ids: &[u32]) -> Drafts {
-        let arr = (!ids.is_empty()).then(|| Array::from_slice(ids, &[ids.len() as i32]));
-        Drafts { ids: arr, q: None, len: ids.len() }
+        Drafts { ids: (!ids.is_empty()).then(|| Array::from_slice(ids, &[ids.len() as i32])), q: None }
+    }
+
+    fn len(&self) -> usize {
+        self.ids.as_ref().map_or(0, |ids| ids.shape()[0] as usize)
     }
 }
 
@@ -165,7 +167,7 @@ fn verify(sampler: &mut Sampler, logits: &Array, drafts: &Drafts, vocab_ids: &Ar
         return Ok(Verdict { choice: argmax_axis(&p_logits, -1, None)?, accept: None });
     }
     let p = ops::softmax_axis(&sampler.filtered(&p_logits)?, -1, true)?;
-    let (Some(ids), k) = (&drafts.ids, drafts.len as i32) else {
+    let (Some(ids), k) = (&drafts.ids, drafts.len() as i32) else {
         let key = sampler.next_key()?;
         return Ok(Verdict { choice: random::categorical(&p.log()?, -1, None, &key)?, accept: None });
     };
@@ -256,7 +258,7 @@ impl MtpDrafter<'_> {
         }
         let refs: Vec<&Array> = ids.iter().collect();
         let q = if qs.is_empty() { None } else { Some(concatenate(&qs.iter().collect::<Vec<_>>(), 0)?) };
-        Ok(Drafts { ids: Some(concatenate(&refs, 0)?), q, len: count })
+        Ok(Drafts { ids: Some(concatenate(&refs, 0)?), q })
     }
 }
 
@@ -315,7 +317,7 @@ pub(crate) fn generate(req: Request<'_>, on_piece: &mut dyn FnMut(&str, &[TokenL
     let mut y = last[0];
     let mut drafts = Drafts::none();
     loop {
-        let k = drafts.len;
+        let k = drafts.len();
         let input = match &drafts.ids {
             Some(ids) => concatenate(&[Array::from_slice(&[y], &[1]), ids.as_dtype(mlx_rs::Dtype::Uint32)?], 0)?.reshape(&[1, -1])?,
             None => token_array(&[y]),

@@ -13,13 +13,15 @@
 //! Needs scripts/fetch-gemma-gguf and scripts/setup-peers; skipped with a notice without them,
 //! except under CI.
 
+mod common;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use mlx_rs::Array;
 use perch_engine::gguf::import::{import, ImportOptions, Quantize, StoreDtype};
-use perch_engine::{generate, load_model, GenerateParams, LoadedModel};
+use perch_engine::{generate, GenerateParams, LoadedModel};
 
 const PROMPTS: &[&str] = &[
     "Once upon a time",
@@ -39,9 +41,7 @@ fn root() -> PathBuf {
 }
 
 fn peers() -> Option<(PathBuf, PathBuf)> {
-    let gguf = std::env::var_os("PERCH_GEMMA_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".deps/gemma/gemma-3-270m-q4_k_m.gguf"));
+    let gguf = common::gemma_gguf_path();
     let python = std::env::var_os("PERCH_PEER_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join(".deps/venv/bin/python"));
@@ -66,12 +66,6 @@ fn run_python(python: &Path, script: &str, input: serde_json::Value) -> serde_js
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "peer script failed");
     serde_json::from_slice(out.stdout.rsplit(|&b| b == b'\n').find(|l| !l.is_empty()).unwrap()).unwrap()
-}
-
-fn import_to(gguf: &Path, dir: &Path, dtype: StoreDtype) -> LoadedModel {
-    std::env::set_var("PERCH_DTYPE", "f32");
-    let opts = ImportOptions { name: Some("gemma".into()), quantize: Quantize::None, dtype, overwrite: true };
-    load_model(&import(gguf, dir, &opts).unwrap()).unwrap()
 }
 
 fn greedy(model: &LoadedModel, ids: &[u32], n: usize) -> Vec<u32> {
@@ -107,7 +101,7 @@ print(json.dumps(out))
 fn gemma_matches_llama_cpp() {
     let Some((gguf, python)) = peers() else { return };
     let tmp = tempfile::tempdir().unwrap();
-    let model = import_to(&gguf, tmp.path(), StoreDtype::F32);
+    let model = common::import_gemma(&gguf, tmp.path(), StoreDtype::F32);
     // llama.cpp's own SentencePiece test inputs, tokenized with the Gemma vocabulary.
     let inp = std::fs::read_to_string(root().join(".deps/llama-vocab/ggml-vocab-llama-spm.gguf.inp")).unwrap();
     let texts: Vec<&str> = inp.split("\n__ggml_vocab_test__\n").filter(|t| !t.is_empty()).collect();
@@ -161,7 +155,7 @@ print(json.dumps(out))
 fn gemma_matches_mlx_lm() {
     let Some((gguf, python)) = peers() else { return };
     let tmp = tempfile::tempdir().unwrap();
-    let model = import_to(&gguf, tmp.path(), StoreDtype::Bf16);
+    let model = common::import_gemma(&gguf, tmp.path(), StoreDtype::Bf16);
     let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| model.tokenizer.encode(p, true).unwrap()).collect();
     let theirs = run_python(&python, MLX_LM, serde_json::json!({"dir": model.dir, "prompts": prompts, "out": tmp.path()}));
     for (i, ids) in prompts.iter().enumerate() {

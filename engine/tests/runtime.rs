@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -68,8 +68,7 @@ struct Setup {
 
 /// Two rungs of two chunks each (chunk 100 tokens), 2 decode steps, `step_ms` per step.
 fn setup(grace: Duration, step_ms: u64) -> Setup {
-    let cfg = LadderConfig { rungs: vec![200, 400], chunk: 200, decode_tokens: 2, idle_grace: grace, max_interruptions: 3, enabled: true };
-    let cfg = LadderConfig { chunk: 100, ..cfg };
+    let cfg = LadderConfig { rungs: vec![200, 400], chunk: 100, decode_tokens: 2, idle_grace: grace, max_interruptions: 3, enabled: true };
     Setup { fg: Arc::new(Foreground::new()), gate: Arc::new(Gate::new(8)), leases: Leases::new(), work: FakeRungs::new(step_ms), ladder: WarmupLadder::new(cfg, "m", 4096) }
 }
 
@@ -233,5 +232,4 @@ fn rungs_past_the_context_are_dropped_and_profiles_parse() {
     assert_eq!(l.status().rungs_left, vec![512, 1024, 2048, 2560]);
     assert_eq!(WarmupLadder::new(LadderConfig::profile("off").unwrap(), "m", 4000).status().state, LadderState::Disabled);
     assert!(LadderConfig::profile("warp").is_none());
-    let _ = AtomicBool::new(false);
 }

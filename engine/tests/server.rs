@@ -151,6 +151,19 @@ async fn every_bad_input_gets_a_clear_error() {
     s.shutdown().await;
 }
 
+/// Poll /health until `key` is 0 (at most 2 s, else fail with `what`); how long it took.
+async fn health_reaches(url: &str, key: &str, what: &str) -> Duration {
+    let since = Instant::now();
+    loop {
+        let h: Value = client().get(format!("{url}/health")).send().await.unwrap().json().await.unwrap();
+        if h[key] == 0 {
+            return since.elapsed();
+        }
+        assert!(since.elapsed() < Duration::from_secs(2), "{what}: {h}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// A completion that runs for a while on the fixture (it never emits EOS).
 fn long_completion(stream: bool) -> Value {
     json!({"model": "qwen3", "prompt": "The quick brown fox", "max_tokens": 1500, "temperature": 0, "stream": stream})
@@ -177,17 +190,8 @@ async fn a_full_queue_answers_429_and_a_gone_client_frees_the_gate() {
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "rate_limit_error");
     // Hang up on the running stream: its generation stops within a step, the queued one runs.
     drop(stream);
-    let hung_up = Instant::now();
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    loop {
-        let h: Value = client().get(format!("{url}/health")).send().await.unwrap().json().await.unwrap();
-        if h["foreground_queued"] == 0 {
-            break;
-        }
-        assert!(hung_up.elapsed() < Duration::from_secs(2), "the gate was not released after the client left: {h}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    println!("gate handed over {:.0} ms after the hang-up", hung_up.elapsed().as_secs_f64() * 1e3);
+    let took = health_reaches(&url, "foreground_queued", "the gate was not released after the client left").await;
+    println!("gate handed over {:.0} ms after the hang-up", took.as_secs_f64() * 1e3);
     assert_eq!(queued.await.unwrap(), 200);
     s.shutdown().await;
 }
@@ -201,15 +205,7 @@ async fn a_non_streaming_client_that_leaves_cancels_too() {
         async move { client().post(format!("{url}/v1/completions")).json(&long_completion(false)).timeout(Duration::from_millis(300)).send().await }
     });
     assert!(req.await.unwrap().is_err(), "the request should have timed out client-side");
-    let left = Instant::now();
-    loop {
-        let h: Value = client().get(format!("{url}/health")).send().await.unwrap().json().await.unwrap();
-        if h["foreground_active"] == 0 {
-            break;
-        }
-        assert!(left.elapsed() < Duration::from_secs(2), "generation kept running after the client left: {h}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    health_reaches(&url, "foreground_active", "generation kept running after the client left").await;
     s.shutdown().await;
 }
 

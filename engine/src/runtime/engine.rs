@@ -388,10 +388,15 @@ impl Engine {
     /// At quit: stop background work and wait up to `within` for every lease; false if some
     /// were still held (the caller then cancels what runs).
     pub async fn drain(&self, within: Duration) -> bool {
+        self.stop_background();
+        self.leases.drain(None, within).await
+    }
+
+    /// Stop every ladder at its next chunk boundary (shutdown, restart).
+    pub fn stop_background(&self) {
         for m in self.resident.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             m.ladder.stop();
         }
-        self.leases.drain(None, within).await
     }
 
     /// A whole user request without HTTP (benchmarks, tests): arrival, lease, queue, gate,

@@ -168,7 +168,6 @@ mod tests {
 
     #[tokio::test]
     async fn an_unload_during_warmup_waits_for_its_lease() {
-        let gate = Gate::new(4);
         let leases = Leases::new();
         let warm = Arc::new(AtomicBool::new(false));
         let fake = Arc::new(Fake::new("held"));
@@ -180,7 +179,6 @@ mod tests {
             }
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
-        let _ = gate;
         // The unload waits while the warmup runs...
         let unload = tokio::spawn({
             let leases = leases.clone();

@@ -178,7 +178,7 @@ impl Server {
         let grace = self.app.config.shutdown_grace;
         let mut task = self.task;
         // Background work stops at its next chunk; its leases drain with the requests'.
-        self.app.engine.drain(Duration::ZERO).await;
+        self.app.engine.stop_background();
         if tokio::time::timeout(grace, &mut task).await.is_err() {
             let n = self.app.cancel_all();
             tracing::warn!(cancelled = n, "shutdown deadline passed; cancelling in-flight generations");

@@ -71,11 +71,16 @@ pub fn relative_error(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
 }
 
-/// The default model's GGUF (scripts/fetch-gemma-gguf), or `None` with a notice; CI must have it.
-pub fn gemma_gguf() -> Option<PathBuf> {
-    let gguf = std::env::var_os("PERCH_GEMMA_GGUF")
+/// Where scripts/fetch-gemma-gguf puts the default model's GGUF (or `$PERCH_GEMMA_GGUF`).
+pub fn gemma_gguf_path() -> PathBuf {
+    std::env::var_os("PERCH_GEMMA_GGUF")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.deps/gemma/gemma-3-270m-q4_k_m.gguf"));
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.deps/gemma/gemma-3-270m-q4_k_m.gguf"))
+}
+
+/// The default model's GGUF, or `None` with a notice; CI must have it.
+pub fn gemma_gguf() -> Option<PathBuf> {
+    let gguf = gemma_gguf_path();
     if gguf.exists() {
         return Some(gguf);
     }
@@ -84,11 +89,11 @@ pub fn gemma_gguf() -> Option<PathBuf> {
     None
 }
 
-/// The default model as `scripts/setup-default-model` installs it on Linux (f32), imported into
-/// `dir`, computing in f32.
-pub fn import_default_model(gguf: &std::path::Path, dir: &std::path::Path) -> LoadedModel {
-    use perch_engine::gguf::import::{import, ImportOptions, Quantize, StoreDtype};
+/// The default model's GGUF imported dequantized into `dir` (f32 storage is what
+/// `scripts/setup-default-model` installs on Linux), computing in f32.
+pub fn import_gemma(gguf: &std::path::Path, dir: &std::path::Path, dtype: perch_engine::gguf::import::StoreDtype) -> LoadedModel {
+    use perch_engine::gguf::import::{import, ImportOptions, Quantize};
     std::env::set_var("PERCH_DTYPE", "f32");
-    let opts = ImportOptions { name: Some("gemma-3-270m".into()), quantize: Quantize::None, dtype: StoreDtype::F32, overwrite: true };
+    let opts = ImportOptions { name: Some("gemma-3-270m".into()), quantize: Quantize::None, dtype, overwrite: true };
     load_model(&import(gguf, dir, &opts).unwrap()).unwrap()
 }
