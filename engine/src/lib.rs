@@ -4,6 +4,9 @@
 //! about Tauri.
 
 pub mod bench;
+pub mod catalog;
+pub mod config;
+pub mod download;
 pub mod error;
 pub mod generate;
 pub mod gguf;
@@ -17,6 +20,7 @@ pub mod runtime;
 pub mod sampler;
 pub mod server;
 pub mod speculative;
+pub mod supervisor;
 pub mod tokenizer;
 
 pub use error::{EngineError, Result};

@@ -59,6 +59,11 @@ enum Command {
     },
     /// Serve the OpenAI-compatible API (and /health, /metrics) on loopback.
     Serve {
+        /// Run from a settings file (TOML, as the desktop app does): the other options are
+        /// ignored, the file is watched, and an edit restarts the engine in-process. Also
+        /// serves the control API (/api/*) the UI's settings and models pages use.
+        #[arg(long)]
+        config: Option<PathBuf>,
         /// Installed model id or a model directory (default: the default model).
         #[arg(long, short)]
         model: Option<String>,
@@ -231,7 +236,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let dir = import(&file, &dir, &ImportOptions { name, quantize, dtype, overwrite })?;
             println!("{}", dir.display());
         }
-        Command::Serve { model, host, port, api_key, allow_origin, allow_host, draft, max_queue, max_body, max_tokens_cap, log_dir, log_text, keep_alive, ladder, idle_grace, no_load_warmup } => {
+        Command::Serve { config: Some(path), .. } => {
+            let rt = tokio::runtime::Runtime::new()?;
+            rt.block_on(async move {
+                let log_dir = Some(perch_engine::paths::log_dir());
+                let sup = perch_engine::supervisor::Supervisor::start(&path, log_dir).await?;
+                sup.watch()?;
+                eprintln!("perch: settings {}; UI and API at {}/ (the model loads in the background)", path.display(), sup.url());
+                perch_engine::server::wait_for_signal().await;
+                eprintln!("perch: shutting down");
+                sup.shutdown().await;
+                anyhow::Ok(())
+            })?;
+        }
+        Command::Serve { config: None, model, host, port, api_key, allow_origin, allow_host, draft, max_queue, max_body, max_tokens_cap, log_dir, log_text, keep_alive, ladder, idle_grace, no_load_warmup } => {
             use perch_engine::runtime::{Engine, EngineConfig};
             use perch_engine::server::{ServeConfig, Server};
             let spec = model.unwrap_or_else(|| DEFAULT_MODEL_ID.to_string());
@@ -251,7 +269,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(async move {
                 let server = Server::start(std::sync::Arc::new(engine), config).await?;
-                let id = server.app.engine.loaded().map(|m| m.id).unwrap_or_default();
+                let id = server.app().and_then(|a| a.engine.loaded()).map(|m| m.id).unwrap_or_default();
                 eprintln!("perch: serving {id} at {}/v1", server.url());
                 if let Some(d) = log_dir {
                     eprintln!("perch: request log in {}", d.display());

@@ -41,6 +41,10 @@ impl KeepAlive {
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub models_dir: PathBuf,
+    /// The Hugging Face cache whose MLX models are offered in place (None: not scanned).
+    pub hf_cache: Option<PathBuf>,
+    /// Caps every model's context (None: each model's own).
+    pub context_length: Option<usize>,
     /// Installed id or directory of the model loaded at start.
     pub model: String,
     /// `auto`, `none`, `lookup`, `mtp`, `mtp:N` (see `DraftMode::parse`).
@@ -56,10 +60,18 @@ pub struct EngineConfig {
     pub ladder: LadderConfig,
 }
 
+impl EngineConfig {
+    pub fn catalog(&self) -> crate::catalog::Catalog {
+        crate::catalog::Catalog { models_dir: self.models_dir.clone(), hf_cache: self.hf_cache.clone() }
+    }
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             models_dir: crate::paths::models_dir(),
+            hf_cache: None,
+            context_length: None,
             model: crate::paths::DEFAULT_MODEL_ID.into(),
             draft: "auto".into(),
             max_queue: 32,
@@ -135,7 +147,16 @@ impl Engine {
     /// Start the MLX thread and load the configured model on it. Background work (load-time
     /// warmup, the ladder, keep-alive) starts with `start_background`.
     pub fn start(config: EngineConfig) -> Result<Engine> {
-        let dir = crate::model::resolve(&config.model, &config.models_dir)?;
+        // An id the catalog offers keeps that id (a cached repo's snapshot directory is named
+        // by its commit); a directory is named by its last component.
+        let (dir, id) = match config.catalog().resolve(&config.model) {
+            Some(dir) => (dir, config.model.clone()),
+            None => {
+                let dir = crate::model::resolve(&config.model, &config.models_dir)?;
+                let id = dir.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
+                (dir, id)
+            }
+        };
         let (tx, rx) = mpsc::channel::<Task>();
         std::thread::Builder::new()
             .name("perch-mlx".into())
@@ -164,13 +185,14 @@ impl Engine {
         };
         let draft = engine.config.draft.clone();
         let info = engine.on_worker(move |w| {
-            let model = load_model(&dir)?;
+            let mut model = load_model(&dir)?;
+            model.id = id;
             DraftMode::parse(&draft, &model)?;
             let info = info_of(&model);
             w.models.insert(model.id.clone(), model);
             Ok(info)
         })?;
-        engine.publish(info);
+        engine.publish(engine.capped(info));
         Ok(engine)
     }
 
@@ -192,6 +214,13 @@ impl Engine {
         });
         self.worker.lock().unwrap_or_else(|e| e.into_inner()).send(task).map_err(|_| EngineError::Internal("the MLX thread has stopped".into()))?;
         Ok(rx)
+    }
+
+    fn capped(&self, mut info: ModelInfo) -> ModelInfo {
+        if let Some(cap) = self.config.context_length {
+            info.context_length = info.context_length.min(cap);
+        }
+        info
     }
 
     fn publish(&self, info: ModelInfo) {
@@ -285,12 +314,10 @@ impl Engine {
         if let Some(info) = self.known.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
             return Ok(info.clone());
         }
-        let valid = !id.is_empty() && !id.starts_with('.') && !id.contains(['/', '\\']);
-        let dir = self.config.models_dir.join(id);
-        if !valid || !dir.join("config.json").exists() {
+        let Some(dir) = self.config.catalog().resolve(id) else {
             return Err(EngineError::ModelNotFound(id.to_string()));
-        }
-        let info = probe(&dir, id)?;
+        };
+        let info = self.capped(probe(&dir, id)?);
         self.known.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), info.clone());
         Ok(info)
     }
@@ -312,14 +339,16 @@ impl Engine {
             self.unload_locked(&victim).await?;
         }
         let dir = info.dir.clone();
+        let model_id = id.to_string();
         let rx = self.on_worker_async(move |w| {
-            let model = load_model(&dir)?;
+            let mut model = load_model(&dir)?;
+            model.id = model_id;
             let info = info_of(&model);
             w.models.insert(model.id.clone(), model);
             Ok(info)
         })?;
         let loaded = rx.await.map_err(|_| EngineError::Internal("loading failed on the MLX thread".into()))??;
-        let loaded = ModelInfo { id: id.to_string(), ..loaded };
+        let loaded = self.capped(ModelInfo { id: id.to_string(), ..loaded });
         self.publish(loaded);
         // Leased from publication through the warmup (SPEC §3).
         let warm_lease = self.leases.acquire(id);

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
 use super::error::ApiError;
-use super::App;
+use super::Front;
 
 /// Whether `host` (a Host header: name or address, optional port) is this machine by a
 /// loopback name, or one of the configured names.
@@ -37,16 +37,17 @@ fn key_ok(headers: &HeaderMap, key: &str) -> bool {
     given.len() == key.len() && bool::from(given.as_bytes().ct_eq(key.as_bytes()))
 }
 
-pub async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+pub async fn guard(State(front): State<Arc<Front>>, req: Request, next: Next) -> Response {
+    let config = front.guard_config();
     let headers = req.headers();
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
-    if !app.config.any_host && !host_allowed(host, &app.config.allowed_hosts) {
+    if !config.any_host && !host_allowed(host, &config.allowed_hosts) {
         let e = ApiError::new(StatusCode::FORBIDDEN, "permission_error", format!("Host `{host}` is not allowed: use 127.0.0.1 or localhost, or add the name to the allowed hosts")).code("host_not_allowed");
         return e.into_response();
     }
     let origin = headers.get(header::ORIGIN).and_then(|o| o.to_str().ok()).map(String::from);
     if let Some(o) = &origin {
-        if !origin_allowed(o, headers, &app.config.allowed_origins) {
+        if !origin_allowed(o, headers, &config.allowed_origins) {
             let e = ApiError::new(StatusCode::FORBIDDEN, "permission_error", format!("Origin `{o}` is not allowed to use this API (configure allowed origins)")).code("origin_not_allowed");
             return e.into_response();
         }
@@ -54,7 +55,7 @@ pub async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Res
             return cors(StatusCode::NO_CONTENT.into_response(), o);
         }
     }
-    if let Some(key) = &app.config.api_key {
+    if let Some(key) = &config.api_key {
         if !key_ok(headers, key) {
             let e = ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", "A valid API key is required: `Authorization: Bearer <key>`").code("invalid_api_key");
             return e.into_response();
@@ -73,7 +74,7 @@ fn cors(mut r: Response, origin: &str) -> Response {
         h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
     }
     h.insert(header::VARY, HeaderValue::from_static("Origin"));
-    h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, OPTIONS"));
+    h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, PUT, DELETE, OPTIONS"));
     h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, HeaderValue::from_static("authorization, content-type"));
     h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
     r

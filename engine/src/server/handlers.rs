@@ -80,6 +80,7 @@ pub async fn health(State(app): State<Arc<App>>) -> Response {
         "leases": {"total": e.leases.total(), "by_model": e.leases.snapshot()},
         "mtp": resident.last().map(|m| json!({"present": m.mtp, "warm": m.mtp_warm, "load_time_warmup": m.load_time_warmup})),
         "warmup_ladder": e.ladder_status(),
+        "last_request": *app.last_request.lock().unwrap_or_else(|e| e.into_inner()),
         "memory": {
             "active_bytes": mem(mlx_rs::memory::active_memory()),
             "cache_bytes": mem(mlx_rs::memory::cache_memory()),
@@ -133,7 +134,8 @@ fn prepare(app: &App, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", format!("The body is larger than {} bytes", app.config.max_body_bytes)).code("request_too_large"),
         s => ApiError::new(s, "invalid_request_error", r.body_text()),
     })?;
-    let mut req = request::parse(endpoint, &bytes)?;
+    let defaults = *app.sampling.lock().unwrap_or_else(|e| e.into_inner());
+    let mut req = request::parse_with(endpoint, &bytes, &defaults)?;
     let info = app.engine.model_info(&req.model)?;
     let tok = &info.tokenizer;
     let mut prompt = match &req.input {
@@ -291,6 +293,7 @@ fn run(app: Arc<App>, id: String, n: u64, p: Prepared, held: (GatePermit, Lease)
             rec.ttft_s = Some(ttft);
             rec.prefill_tok_s = Some(g.prefill_tokens_per_sec());
             rec.decode_tok_s = decode;
+            *app.last_request.lock().unwrap_or_else(|e| e.into_inner()) = Some(json!({"model": p.info.id, "completion_tokens": g.tokens.len(), "decode_tok_s": decode, "ttft_s": ttft}));
             rec.finish_reason = Some(finish_name(g.finish_reason).into());
             rec.draft = g.draft.clone();
             if app.log.as_ref().is_some_and(|l| l.with_text) {

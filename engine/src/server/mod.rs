@@ -5,6 +5,7 @@
 pub mod error;
 pub mod guard;
 mod handlers;
+mod ui;
 pub mod metrics;
 pub mod request;
 pub mod request_log;
@@ -13,16 +14,21 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use tower::ServiceExt;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::config::SamplingDefaults;
 use crate::runtime::Engine;
+use error::ApiError;
 use metrics::Metrics;
 use request_log::RequestLog;
 
@@ -50,6 +56,8 @@ pub struct ServeConfig {
     pub shutdown_grace: Duration,
     /// Bound to a non-loopback address (with a key): any Host header is accepted.
     pub any_host: bool,
+    /// What requests get when they leave sampling fields out (changeable live).
+    pub sampling: SamplingDefaults,
 }
 
 impl Default for ServeConfig {
@@ -67,6 +75,7 @@ impl Default for ServeConfig {
             log_max_bytes: 10 << 20,
             shutdown_grace: Duration::from_secs(10),
             any_host: false,
+            sampling: SamplingDefaults::default(),
         }
     }
 }
@@ -83,12 +92,15 @@ pub enum ServeError {
     Log(std::io::Error),
 }
 
-/// Shared by every handler.
+/// Shared by every handler of one engine.
 pub struct App {
     pub engine: Arc<Engine>,
     pub config: ServeConfig,
     pub metrics: Metrics,
     pub log: Option<RequestLog>,
+    pub sampling: Mutex<SamplingDefaults>,
+    /// The last finished generation (model, tok/s), for the tray's status line.
+    pub last_request: Mutex<Option<serde_json::Value>>,
     next_id: AtomicU64,
     /// Cancellation flags of the generations in flight, for shutdown.
     in_flight: Mutex<HashMap<u64, Arc<AtomicBool>>>,
@@ -104,8 +116,30 @@ impl App {
         map.values().for_each(|c| c.store(true, Ordering::Relaxed));
         map.len()
     }
+
+    /// Let this engine's requests finish for up to `grace`, then cancel what still runs; then
+    /// stop background work and wait (bounded) for every lease to return.
+    pub async fn drain(&self, grace: Duration) {
+        self.engine.stop_background();
+        let busy = || {
+            let f = self.engine.foreground.snapshot();
+            f.foreground_active + f.foreground_queued + f.foreground_arriving > 0
+        };
+        let deadline = tokio::time::Instant::now() + grace;
+        while busy() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if busy() {
+            let n = self.cancel_all();
+            tracing::warn!(cancelled = n, "drain deadline passed; cancelling in-flight generations");
+        }
+        if !self.engine.drain(Duration::from_secs(5)).await {
+            tracing::warn!("leases still held after the drain deadline");
+        }
+    }
 }
 
+/// The engine's own API (OpenAI-compatible routes, /health, /metrics).
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/models", get(handlers::models))
@@ -117,23 +151,90 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/openapi.json", get(handlers::openapi))
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
-        .layer(axum::middleware::from_fn_with_state(app.clone(), guard::guard))
         // Bodies are read as bytes with this cap; the handlers turn the rejection into a 413.
         .layer(DefaultBodyLimit::max(app.config.max_body_bytes))
         .with_state(app)
 }
 
+/// What the listener serves, and outlives engine restarts: the UI at `/`, the control API
+/// under `/api/` (when an owner installs one), and the current engine's API — or, while there
+/// is none (restarting, failed), a JSON 503 that says why.
+pub struct Front {
+    hosted: RwLock<Option<(Arc<App>, Router)>>,
+    /// The limits the guard applies; kept across restarts so a key never lapses.
+    guard: RwLock<Arc<ServeConfig>>,
+    control: RwLock<Option<Router>>,
+    /// Why there is no engine, for the 503.
+    unavailable: RwLock<String>,
+}
+
+impl Front {
+    pub fn app(&self) -> Option<Arc<App>> {
+        self.hosted.read().unwrap_or_else(|e| e.into_inner()).as_ref().map(|(a, _)| a.clone())
+    }
+
+    pub(crate) fn guard_config(&self) -> Arc<ServeConfig> {
+        self.guard.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn set_control(&self, router: Router) {
+        *self.control.write().unwrap_or_else(|e| e.into_inner()) = Some(router);
+    }
+
+    pub fn control_router(&self) -> Router {
+        self.control.read().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default()
+    }
+
+    pub fn set_unavailable(&self, why: impl Into<String>) {
+        *self.unavailable.write().unwrap_or_else(|e| e.into_inner()) = why.into();
+    }
+}
+
+async fn dispatch(State(front): State<Arc<Front>>, req: Request) -> Response {
+    if req.uri().path().starts_with("/api/") {
+        let control = front.control.read().unwrap_or_else(|e| e.into_inner()).clone();
+        return match control {
+            Some(r) => r.oneshot(req).await.into_response(),
+            None => ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "The control API is served by the desktop app and by `perch serve --config FILE`").code("not_found").into_response(),
+        };
+    }
+    let hosted = front.hosted.read().unwrap_or_else(|e| e.into_inner()).as_ref().map(|(_, r)| r.clone());
+    match hosted {
+        Some(r) => r.oneshot(req).await.into_response(),
+        None => {
+            let why = front.unavailable.read().unwrap_or_else(|e| e.into_inner()).clone();
+            let mut r = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", why).code("engine_restarting").into_response();
+            r.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+            r
+        }
+    }
+}
+
+fn front_router(front: Arc<Front>) -> Router {
+    ui::routes()
+        .fallback(dispatch)
+        .layer(axum::middleware::from_fn_with_state(front.clone(), guard::guard))
+        .with_state(front)
+}
+
 /// A running server.
 pub struct Server {
     pub addr: SocketAddr,
-    pub app: Arc<App>,
+    pub front: Arc<Front>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<std::io::Result<()>>,
 }
 
 impl Server {
     /// Bind and start serving `engine`.
-    pub async fn start(engine: Arc<Engine>, mut config: ServeConfig) -> Result<Server, ServeError> {
+    pub async fn start(engine: Arc<Engine>, config: ServeConfig) -> Result<Server, ServeError> {
+        let server = Server::bind(config.clone()).await?;
+        server.host(engine, config)?;
+        Ok(server)
+    }
+
+    /// Bind the listener with no engine yet: engine routes answer 503 until `host`.
+    pub async fn bind(mut config: ServeConfig) -> Result<Server, ServeError> {
         let ip: IpAddr = match config.host.as_str() {
             "localhost" => IpAddr::from([127, 0, 0, 1]),
             h => h.parse().map_err(|_| ServeError::BadHost(h.to_string()))?,
@@ -147,14 +248,14 @@ impl Server {
         let addr = SocketAddr::new(ip, config.port);
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| ServeError::Bind(addr, e))?;
         let addr = listener.local_addr().map_err(|e| ServeError::Bind(addr, e))?;
-        let log = match &config.log_dir {
-            Some(dir) => Some(RequestLog::open(dir, config.log_max_bytes, 3, config.log_text).map_err(ServeError::Log)?),
-            None => None,
-        };
-        engine.start_background();
-        let app = Arc::new(App { engine, config, metrics: Metrics::new(), log, next_id: AtomicU64::new(1), in_flight: Mutex::new(HashMap::new()) });
+        let front = Arc::new(Front {
+            hosted: RwLock::new(None),
+            guard: RwLock::new(Arc::new(config)),
+            control: RwLock::new(None),
+            unavailable: RwLock::new("The engine is starting".into()),
+        });
         let (stop, stopped) = oneshot::channel::<()>();
-        let service = router(app.clone());
+        let service = front_router(front.clone());
         let task = tokio::spawn(async move {
             axum::serve(listener, service).with_graceful_shutdown(async move {
                 let _ = stopped.await;
@@ -162,7 +263,35 @@ impl Server {
             .await
         });
         tracing::info!(%addr, "serving");
-        Ok(Server { addr, app, stop: Some(stop), task })
+        Ok(Server { addr, front, stop: Some(stop), task })
+    }
+
+    /// Serve `engine` from now on (there must be none hosted).
+    pub fn host(&self, engine: Arc<Engine>, mut config: ServeConfig) -> Result<Arc<App>, ServeError> {
+        config.any_host = self.front.guard_config().any_host;
+        let log = match &config.log_dir {
+            Some(dir) => Some(RequestLog::open(dir, config.log_max_bytes, 3, config.log_text).map_err(ServeError::Log)?),
+            None => None,
+        };
+        engine.start_background();
+        let sampling = Mutex::new(config.sampling);
+        let app = Arc::new(App { engine, config: config.clone(), metrics: Metrics::new(), log, sampling, last_request: Mutex::new(None), next_id: AtomicU64::new(1), in_flight: Mutex::new(HashMap::new()) });
+        *self.front.guard.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+        *self.front.hosted.write().unwrap_or_else(|e| e.into_inner()) = Some((app.clone(), router(app.clone())));
+        Ok(app)
+    }
+
+    /// Stop routing to the current engine (new requests get a 503 saying `why`) and drain it:
+    /// in-flight requests finish within `grace` or are cancelled, leases are returned.
+    pub async fn unhost(&self, why: &str, grace: Duration) -> Option<Arc<App>> {
+        self.front.set_unavailable(why);
+        let app = self.front.hosted.write().unwrap_or_else(|e| e.into_inner()).take().map(|(a, _)| a)?;
+        app.drain(grace).await;
+        Some(app)
+    }
+
+    pub fn app(&self) -> Option<Arc<App>> {
+        self.front.app()
     }
 
     pub fn url(&self) -> String {
@@ -175,12 +304,15 @@ impl Server {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        let grace = self.app.config.shutdown_grace;
+        let grace = self.front.guard_config().shutdown_grace;
         let mut task = self.task;
+        let app = self.front.app();
         // Background work stops at its next chunk; its leases drain with the requests'.
-        self.app.engine.stop_background();
+        if let Some(app) = &app {
+            app.engine.stop_background();
+        }
         if tokio::time::timeout(grace, &mut task).await.is_err() {
-            let n = self.app.cancel_all();
+            let n = app.as_ref().map_or(0, |a| a.cancel_all());
             tracing::warn!(cancelled = n, "shutdown deadline passed; cancelling in-flight generations");
             if tokio::time::timeout(Duration::from_secs(5), &mut task).await.is_err() {
                 task.abort();
@@ -190,18 +322,28 @@ impl Server {
 
     /// Serve until Ctrl-C (or SIGTERM), then shut down gracefully.
     pub async fn run_until_signal(self) {
-        let ctrl_c = tokio::signal::ctrl_c();
-        #[cfg(unix)]
-        {
-            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-            tokio::select! {
-                _ = ctrl_c => {}
-                _ = term.recv() => {}
-            }
-        }
-        #[cfg(not(unix))]
-        let _ = ctrl_c.await;
+        wait_for_signal().await;
         eprintln!("perch: shutting down");
         self.shutdown().await;
     }
+}
+
+/// Bytes MLX holds for arrays now (the tray's memory figure).
+pub fn active_memory_bytes() -> Option<u64> {
+    mlx_rs::memory::active_memory().ok().map(|b| b as u64)
+}
+
+/// Ctrl-C, or SIGTERM where there is one.
+pub async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
 }

@@ -4,6 +4,7 @@
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use crate::config::SamplingDefaults;
 use crate::generate::GenerateParams;
 use crate::sampler::SamplingParams;
 use crate::tokenizer::ChatMessage;
@@ -91,6 +92,11 @@ fn kind(v: &Value) -> &'static str {
 
 /// Parse and check a request body. Sampling defaults follow OpenAI's (temperature 1).
 pub fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<ParsedRequest, ApiError> {
+    parse_with(endpoint, bytes, &SamplingDefaults::default())
+}
+
+/// `parse`, with the user's own defaults for what the request leaves out.
+pub fn parse_with(endpoint: Endpoint, bytes: &[u8], defaults: &SamplingDefaults) -> Result<ParsedRequest, ApiError> {
     let value: Value = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::new(axum::http::StatusCode::BAD_REQUEST, "invalid_request_error", format!("The body is not valid JSON: {e}")).code("invalid_json"))?;
     let Value::Object(map) = &value else {
@@ -116,8 +122,8 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<ParsedRequest, ApiError
     let d = SamplingParams::default();
     let f = |x: Option<f64>, default: f32| x.map_or(default, |x| x as f32);
     let sampling = SamplingParams {
-        temperature: f(b.number("temperature", |x| (0.0..=2.0).contains(&x), "from 0 to 2")?, 1.0),
-        top_p: f(b.number("top_p", |x| x > 0.0 && x <= 1.0, "in (0, 1]")?, d.top_p),
+        temperature: f(b.number("temperature", |x| (0.0..=2.0).contains(&x), "from 0 to 2")?, defaults.temperature),
+        top_p: f(b.number("top_p", |x| x > 0.0 && x <= 1.0, "in (0, 1]")?, defaults.top_p),
         top_k: b.integer("top_k", 0, i64::from(u32::MAX))?.map_or(0, |k| k as u32),
         min_p: f(b.number("min_p", |x| (0.0..=1.0).contains(&x), "from 0 to 1")?, d.min_p),
         presence_penalty: f(b.number("presence_penalty", |x| (-2.0..=2.0).contains(&x), "from -2 to 2")?, 0.0),

@@ -1,0 +1,315 @@
+//! The settings file (`perch.toml`) the desktop app and `perch serve --config` run from: what
+//! it holds, how it is checked, and which changes need an engine restart (SPEC §7).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::Catalog;
+use crate::runtime::{EngineConfig, KeepAlive, LadderConfig};
+use crate::server::ServeConfig;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {0}: {1}")]
+    Read(PathBuf, std::io::Error),
+    #[error("cannot write {0}: {1}")]
+    Write(PathBuf, std::io::Error),
+    #[error("{path} is not valid TOML: {message}")]
+    Syntax { path: String, message: String },
+    #[error("`{field}`: {message}")]
+    Invalid { field: &'static str, message: String },
+}
+
+impl ConfigError {
+    /// The setting at fault, when one is.
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            ConfigError::Invalid { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+}
+
+/// Sampling used when a request leaves a field out. Applied live, without a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SamplingDefaults {
+    pub temperature: f32,
+    pub top_p: f32,
+}
+
+impl Default for SamplingDefaults {
+    fn default() -> Self {
+        // OpenAI's defaults, so clients that omit them get what they expect elsewhere.
+        SamplingDefaults { temperature: 1.0, top_p: 1.0 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// Where installed models live (empty: the platform data directory).
+    pub models_dir: String,
+    /// The model loaded at start and offered first in the chat window.
+    pub default_model: String,
+    /// Loopback port of the API and the chat UI (0: any free port).
+    pub port: u16,
+    /// When set, API calls need `Authorization: Bearer <key>`.
+    pub api_key: String,
+    /// Web origins (scheme://host:port) whose pages may call the API.
+    pub allowed_origins: Vec<String>,
+    /// Most tokens of context per request (0: each model's own limit).
+    pub context_length: usize,
+    /// Background warmup ladder: `default`, `turbo` or `off`.
+    pub warmup_profile: String,
+    /// Quiet seconds after a request before background warmup may run.
+    pub idle_grace_s: f64,
+    /// Warm the MTP head right after a model loads (SPEC §4).
+    pub load_warmup: bool,
+    /// Speculative decoding: `auto`, `none`, `lookup`, `mtp`, `mtp:N`.
+    pub draft: String,
+    /// Seconds an unused model stays loaded (0: unload after each request, -1: never).
+    pub keep_alive_s: i64,
+    /// Also write prompts and completions to the request log.
+    pub log_text: bool,
+    /// Start Perch when the user logs in (the desktop app applies it).
+    pub launch_at_login: bool,
+    /// Offer MLX models found in the Hugging Face cache, in place.
+    pub scan_hf_cache: bool,
+    /// Where model downloads come from (empty: `$HF_ENDPOINT`, else huggingface.co).
+    pub hub_endpoint: String,
+    pub sampling: SamplingDefaults,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            models_dir: String::new(),
+            default_model: crate::paths::DEFAULT_MODEL_ID.into(),
+            port: crate::server::DEFAULT_PORT,
+            api_key: String::new(),
+            allowed_origins: vec![],
+            context_length: 0,
+            warmup_profile: "default".into(),
+            idle_grace_s: 90.0,
+            load_warmup: true,
+            draft: "auto".into(),
+            keep_alive_s: 1800,
+            log_text: false,
+            launch_at_login: false,
+            scan_hf_cache: true,
+            hub_endpoint: String::new(),
+            sampling: SamplingDefaults::default(),
+        }
+    }
+}
+
+fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { field, message: message.into() }
+}
+
+impl Settings {
+    /// The platform's settings file (`$PERCH_CONFIG` overrides it).
+    pub fn default_path() -> PathBuf {
+        if let Some(p) = std::env::var_os("PERCH_CONFIG") {
+            return PathBuf::from(p);
+        }
+        directories::ProjectDirs::from("dev", "Perch", "Perch")
+            .map(|d| d.config_dir().join("perch.toml"))
+            .unwrap_or_else(|| PathBuf::from(".perch/perch.toml"))
+    }
+
+    /// Parse and check a settings file's text.
+    pub fn parse(text: &str, path: &Path) -> Result<Settings, ConfigError> {
+        let s: Settings = toml::from_str(text).map_err(|e| ConfigError::Syntax { path: path.display().to_string(), message: e.to_string() })?;
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// Read the file; a missing file means the defaults.
+    pub fn load(path: &Path) -> Result<Settings, ConfigError> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => Settings::parse(&text, path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Settings::default()),
+            Err(e) => Err(ConfigError::Read(path.to_path_buf(), e)),
+        }
+    }
+
+    /// Write atomically (a reader never sees half a file) and private to the user (it may hold
+    /// the API key).
+    pub fn save(&self, path: &Path) -> Result<(), ConfigError> {
+        let err = |e| ConfigError::Write(path.to_path_buf(), e);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(err)?;
+        }
+        let text = format!("# Perch settings. Edit here or in the settings window; changes apply on save.\n{}", toml::to_string_pretty(self).expect("settings serialize"));
+        let tmp = path.with_extension("toml.tmp");
+        std::fs::write(&tmp, text).map_err(err)?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+        }
+        std::fs::rename(&tmp, path).map_err(err)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if LadderConfig::profile(&self.warmup_profile).is_none() {
+            return Err(invalid("warmup_profile", format!("must be default, turbo or off, not `{}`", self.warmup_profile)));
+        }
+        if !(self.idle_grace_s.is_finite() && (0.0..=86_400.0).contains(&self.idle_grace_s)) {
+            return Err(invalid("idle_grace_s", format!("must be 0 to 86400 seconds, not {}", self.idle_grace_s)));
+        }
+        let draft_ok = matches!(self.draft.as_str(), "auto" | "none" | "lookup" | "mtp")
+            || self.draft.strip_prefix("mtp:").and_then(|d| d.parse::<usize>().ok()).is_some_and(|d| (1..=crate::speculative::MAX_MTP_DEPTH).contains(&d));
+        if !draft_ok {
+            return Err(invalid("draft", format!("must be auto, none, lookup, mtp or mtp:1..{}, not `{}`", crate::speculative::MAX_MTP_DEPTH, self.draft)));
+        }
+        if self.keep_alive_s < -1 {
+            return Err(invalid("keep_alive_s", format!("must be -1 (forever), 0 (unload when idle) or seconds, not {}", self.keep_alive_s)));
+        }
+        if self.context_length != 0 && self.context_length < 64 {
+            return Err(invalid("context_length", format!("must be 0 (the model's own) or at least 64 tokens, not {}", self.context_length)));
+        }
+        if self.port != 0 && self.port < 1024 {
+            return Err(invalid("port", format!("must be 1024 to 65535 (or 0 for any free port), not {}", self.port)));
+        }
+        if self.api_key.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(invalid("api_key", "must not contain spaces or control characters"));
+        }
+        for o in &self.allowed_origins {
+            let ok = (o.starts_with("http://") || o.starts_with("https://")) && !o.ends_with('/') && o.split("://").nth(1).is_some_and(|h| !h.is_empty() && !h.contains('/'));
+            if !ok {
+                return Err(invalid("allowed_origins", format!("`{o}` is not an origin like http://localhost:3000 (scheme://host[:port], no path)")));
+            }
+        }
+        for (field, v) in [("sampling.temperature", self.sampling.temperature)] {
+            if !(0.0..=2.0).contains(&v) {
+                return Err(invalid(field, format!("must be 0 to 2, not {v}")));
+            }
+        }
+        if !(self.sampling.top_p > 0.0 && self.sampling.top_p <= 1.0) {
+            return Err(invalid("sampling.top_p", format!("must be in (0, 1], not {}", self.sampling.top_p)));
+        }
+        if !self.hub_endpoint.is_empty() && !(self.hub_endpoint.starts_with("http://") || self.hub_endpoint.starts_with("https://")) {
+            return Err(invalid("hub_endpoint", format!("must be an http(s) URL, not `{}`", self.hub_endpoint)));
+        }
+        let models_dir = self.models_dir();
+        if models_dir.exists() && !models_dir.is_dir() {
+            return Err(invalid("models_dir", format!("{} is not a directory", models_dir.display())));
+        }
+        if self.default_model.is_empty() {
+            return Err(invalid("default_model", "must name an installed model"));
+        }
+        if self.catalog().resolve(&self.default_model).is_none() {
+            return Err(invalid("default_model", format!("`{}` is not installed in {} (see the models page)", self.default_model, models_dir.display())));
+        }
+        Ok(())
+    }
+
+    pub fn models_dir(&self) -> PathBuf {
+        if self.models_dir.is_empty() {
+            crate::paths::models_dir()
+        } else {
+            PathBuf::from(&self.models_dir)
+        }
+    }
+
+    pub fn catalog(&self) -> Catalog {
+        Catalog { models_dir: self.models_dir(), hf_cache: if self.scan_hf_cache { crate::catalog::hf_cache_dir() } else { None } }
+    }
+
+    pub fn hub_endpoint(&self) -> String {
+        if !self.hub_endpoint.is_empty() {
+            return self.hub_endpoint.trim_end_matches('/').to_string();
+        }
+        std::env::var("HF_ENDPOINT").ok().filter(|e| !e.is_empty()).unwrap_or_else(|| "https://huggingface.co".into()).trim_end_matches('/').to_string()
+    }
+
+    /// Whether going from `self` to `new` needs the engine restarted; the rest (sampling
+    /// defaults, the default model, launch at login) applies live.
+    pub fn needs_restart(&self, new: &Settings) -> bool {
+        let live = |s: &Settings| Settings { sampling: SamplingDefaults::default(), default_model: String::new(), launch_at_login: false, ..s.clone() };
+        live(self) != live(new)
+    }
+
+    pub fn engine_config(&self) -> EngineConfig {
+        let mut ladder = LadderConfig::profile(&self.warmup_profile).unwrap_or_default();
+        ladder.idle_grace = Duration::from_secs_f64(self.idle_grace_s);
+        EngineConfig {
+            models_dir: self.models_dir(),
+            hf_cache: self.catalog().hf_cache,
+            model: self.default_model.clone(),
+            draft: self.draft.clone(),
+            keep_alive: KeepAlive::from_secs(self.keep_alive_s),
+            load_warmup: self.load_warmup,
+            context_length: (self.context_length > 0).then_some(self.context_length),
+            ladder,
+            ..EngineConfig::default()
+        }
+    }
+
+    pub fn serve_config(&self, log_dir: Option<PathBuf>) -> ServeConfig {
+        ServeConfig {
+            port: self.port,
+            api_key: Some(self.api_key.clone()).filter(|k| !k.is_empty()),
+            allowed_origins: self.allowed_origins.clone(),
+            log_dir,
+            log_text: self.log_text,
+            sampling: self.sampling,
+            ..ServeConfig::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_model() -> (tempfile::TempDir, Settings) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("m")).unwrap();
+        std::fs::write(dir.path().join("m/config.json"), r#"{"model_type":"llama"}"#).unwrap();
+        let s = Settings { models_dir: dir.path().display().to_string(), default_model: "m".into(), scan_hf_cache: false, ..Settings::default() };
+        (dir, s)
+    }
+
+    #[test]
+    fn round_trips_and_rejects_what_it_cannot_run() {
+        let (dir, s) = with_model();
+        s.validate().unwrap();
+        let path = dir.path().join("perch.toml");
+        s.save(&path).unwrap();
+        assert_eq!(Settings::load(&path).unwrap(), s);
+        let bad = |edit: &dyn Fn(&mut Settings), field: &str| {
+            let mut t = s.clone();
+            edit(&mut t);
+            assert_eq!(t.validate().unwrap_err().field(), Some(field), "{t:?}");
+        };
+        bad(&|t| t.port = 80, "port");
+        bad(&|t| t.draft = "mtp:9".into(), "draft");
+        bad(&|t| t.warmup_profile = "fast".into(), "warmup_profile");
+        bad(&|t| t.keep_alive_s = -5, "keep_alive_s");
+        bad(&|t| t.idle_grace_s = f64::NAN, "idle_grace_s");
+        bad(&|t| t.default_model = "missing".into(), "default_model");
+        bad(&|t| t.allowed_origins = vec!["localhost:3000".into()], "allowed_origins");
+        bad(&|t| t.sampling.top_p = 0.0, "sampling.top_p");
+        bad(&|t| t.context_length = 10, "context_length");
+        let typo = Settings::parse("prot = 1234\n", &path).unwrap_err();
+        assert!(typo.to_string().contains("prot"), "{typo}");
+    }
+
+    #[test]
+    fn only_engine_fields_need_a_restart() {
+        let (_dir, s) = with_model();
+        let mut t = s.clone();
+        t.sampling.temperature = 0.2;
+        t.launch_at_login = true;
+        t.default_model = "other".into();
+        assert!(!s.needs_restart(&t));
+        t.draft = "none".into();
+        assert!(s.needs_restart(&t));
+    }
+}

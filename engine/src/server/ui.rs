@@ -1,0 +1,31 @@
+//! The chat and settings UI (`ui/`), compiled into the binary so `perch serve` and the
+//! desktop app serve the same pages from the engine's own origin.
+
+use std::sync::Arc;
+
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+
+use super::Front;
+
+const FILES: &[(&str, &str, &[u8])] = &[
+    ("/", "text/html; charset=utf-8", include_bytes!("../../../ui/index.html")),
+    ("/app.js", "text/javascript; charset=utf-8", include_bytes!("../../../ui/app.js")),
+    ("/markdown.js", "text/javascript; charset=utf-8", include_bytes!("../../../ui/markdown.js")),
+    ("/style.css", "text/css; charset=utf-8", include_bytes!("../../../ui/style.css")),
+    ("/icon.png", "image/png", include_bytes!("../../../ui/icon.png")),
+];
+
+pub fn routes() -> Router<Arc<Front>> {
+    FILES.iter().fold(Router::new(), |r, &(path, mime, body)| {
+        r.route(
+            path,
+            get(move || async move {
+                // The pages must not be framed by another site (clickjacking the settings).
+                ([(header::CONTENT_TYPE, mime), (header::X_FRAME_OPTIONS, "DENY"), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+            }),
+        )
+    })
+}

@@ -1,0 +1,218 @@
+//! The control API the UI uses besides `/v1`: status, settings, models, downloads. Same
+//! listener, same guard (Host, Origin, key) as the engine's API.
+
+use std::sync::{Arc, Weak};
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+use super::Supervisor;
+use crate::config::{ConfigError, Settings};
+use crate::download::DownloadError;
+use crate::server::error::ApiError;
+
+type S = State<Weak<Supervisor>>;
+
+pub fn router(sup: Weak<Supervisor>) -> Router {
+    Router::new()
+        .route("/api/status", get(status))
+        .route("/api/config", get(get_config).put(put_config))
+        .route("/api/models", get(models))
+        .route("/api/models/select", post(select))
+        .route("/api/models/import", post(import))
+        .route("/api/models/{*id}", axum::routing::delete(delete_model))
+        .route("/api/downloads", get(downloads).post(start_download))
+        .route("/api/downloads/{id}/cancel", post(cancel_download))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "No such control endpoint").code("not_found") })
+        .with_state(sup)
+}
+
+fn gone() -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", "Perch is shutting down")
+}
+
+fn config_error(e: &ConfigError) -> ApiError {
+    match e {
+        ConfigError::Invalid { field, message } => ApiError::invalid(field, format!("`{field}`: {message}")).code("invalid_setting"),
+        e => ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", e.to_string()).code("invalid_setting"),
+    }
+}
+
+fn body<T: serde::de::DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", format!("Invalid body: {e}")).code("invalid_json"))
+}
+
+fn field<'a>(v: &'a Value, name: &str) -> Result<&'a str, ApiError> {
+    v.get(name).and_then(Value::as_str).filter(|s| !s.is_empty()).ok_or_else(|| ApiError::invalid(name, format!("`{name}` is required (a string)")))
+}
+
+async fn status(State(sup): S) -> Response {
+    let Some(sup) = sup.upgrade() else { return gone().into_response() };
+    let mut v = serde_json::to_value(sup.status()).unwrap_or_default();
+    if let Some(app) = sup.app().await {
+        v["model"] = json!(app.engine.loaded().map(|m| m.id));
+        v["foreground"] = serde_json::to_value(app.engine.foreground.snapshot()).unwrap_or_default();
+        v["last_request"] = app.last_request.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default();
+        v["memory_bytes"] = json!(mlx_rs::memory::active_memory().ok());
+    }
+    v["default_model"] = json!(sup.settings().map(|s| s.default_model));
+    Json(v).into_response()
+}
+
+async fn get_config(State(sup): S) -> Response {
+    let Some(sup) = sup.upgrade() else { return gone().into_response() };
+    // The file as it is now (it may hold a hand edit that was rejected), and what runs.
+    let file = Settings::load(sup.config_path());
+    let shown = match (&file, sup.settings()) {
+        (Ok(s), _) => s.clone(),
+        (Err(_), Some(applied)) => applied,
+        (Err(_), None) => Settings::default(),
+    };
+    Json(json!({
+        "path": sup.config_path(),
+        "settings": shown,
+        "defaults": Settings::default(),
+        "error": file.as_ref().err().map(|e| json!({"message": e.to_string(), "field": e.field()})),
+    }))
+    .into_response()
+}
+
+async fn put_config(State(sup): S, bytes: Bytes) -> Response {
+    let Some(sup) = sup.upgrade() else { return gone().into_response() };
+    let settings: Settings = match serde_json::from_slice(&bytes) {
+        Ok(s) => s,
+        Err(e) => return ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", format!("Invalid settings: {e}")).code("invalid_setting").into_response(),
+    };
+    match sup.save(settings).await {
+        Ok(restarted) => Json(json!({"restarted": restarted, "status": sup.status()})).into_response(),
+        Err(e) => config_error(&e).into_response(),
+    }
+}
+
+async fn models(State(sup): S) -> Response {
+    let Some(sup) = sup.upgrade() else { return gone().into_response() };
+    let Some(settings) = sup.settings().or_else(|| Settings::load(sup.config_path()).ok()) else {
+        return Json(json!({"data": [], "models_dir": null})).into_response();
+    };
+    let loaded = match sup.app().await {
+        Some(app) => app.engine.resident_ids(),
+        None => vec![],
+    };
+    let catalog = settings.catalog();
+    let data: Vec<Value> = catalog
+        .list()
+        .into_iter()
+        .map(|m| {
+            let mut v = serde_json::to_value(&m).unwrap_or_default();
+            v["loaded"] = json!(loaded.contains(&m.id));
+            v["default"] = json!(m.id == settings.default_model);
+            v
+        })
+        .collect();
+    Json(json!({"data": data, "models_dir": catalog.models_dir, "hf_cache": catalog.hf_cache})).into_response()
+}
+
+async fn select(State(sup): S, bytes: Bytes) -> Response {
+    let Some(sup) = sup.upgrade() else { return gone().into_response() };
+    let v: Value = match body(&bytes) {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let id = match field(&v, "id") {
+        Ok(id) => id.to_string(),
+        Err(e) => return e.into_response(),
+    };
+    match sup.select_model(&id).await {
+        Ok(()) => Json(json!({"default_model": id, "status": sup.status()})).into_response(),
+        Err(e) => config_error(&e).into_response(),
+    }
+}
+
+async fn delete_model(State(sup): S, Path(id): Path<String>) -> Response {
+    let Some(sup) = sup.upgrade() else { return gone().into_response() };
+    let Some(settings) = sup.settings() else { return gone().into_response() };
+    if id == settings.default_model {
+        return ApiError::invalid("id", format!("`{id}` is the default model; pick another default before deleting it")).code("model_in_use").into_response();
+    }
+    let catalog = settings.catalog();
+    let Some(m) = catalog.installed().into_iter().find(|m| m.id == id) else {
+        // Models in the Hugging Face cache belong to the hub's tools, not to Perch.
+        return ApiError::model_not_found(&id).into_response();
+    };
+    if let Some(app) = sup.app().await {
+        if let Err(e) = app.engine.unload(&id).await {
+            return ApiError::from(e).into_response();
+        }
+    }
+    match tokio::fs::remove_dir_all(&m.path).await {
+        Ok(()) => Json(json!({"id": id, "deleted": true})).into_response(),
+        Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", format!("cannot delete {}: {e}", m.path.display())).into_response(),
+    }
+}
+
+async fn import(State(sup): S, bytes: Bytes) -> Response {
+    let Some(sup) = sup.upgrade() else { return gone().into_response() };
+    let v: Value = match body(&bytes) {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let path = match field(&v, "path") {
+        Ok(p) => std::path::PathBuf::from(p),
+        Err(e) => return e.into_response(),
+    };
+    if !path.is_file() || path.extension().and_then(|e| e.to_str()) != Some("gguf") {
+        return ApiError::invalid("path", format!("{} is not a .gguf file", path.display())).into_response();
+    }
+    let name = v.get("name").and_then(Value::as_str).map(String::from);
+    let models_dir = sup.settings().map(|s| s.models_dir()).unwrap_or_else(crate::paths::models_dir);
+    let opts = crate::gguf::import::ImportOptions { name, quantize: crate::gguf::import::Quantize::None, dtype: crate::gguf::import::StoreDtype::Bf16, overwrite: false };
+    match tokio::task::spawn_blocking(move || crate::gguf::import::import(&path, &models_dir, &opts)).await {
+        Ok(Ok(dir)) => Json(json!({"id": dir.file_name().map(|n| n.to_string_lossy()), "path": dir})).into_response(),
+        Ok(Err(e)) => ApiError::invalid("path", e.to_string()).code("import_failed").into_response(),
+        Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", format!("import failed: {e}")).into_response(),
+    }
+}
+
+async fn downloads(State(sup): S) -> Response {
+    let Some(sup) = sup.upgrade() else { return gone().into_response() };
+    Json(json!({"data": sup.downloads.list()})).into_response()
+}
+
+async fn start_download(State(sup): S, bytes: Bytes) -> Response {
+    let Some(sup) = sup.upgrade() else { return gone().into_response() };
+    let v: Value = match body(&bytes) {
+        Ok(v) => v,
+        Err(e) => return e.into_response(),
+    };
+    let repo = match field(&v, "repo") {
+        Ok(r) => r.trim().to_string(),
+        Err(e) => return e.into_response(),
+    };
+    let settings = sup.settings().unwrap_or_default();
+    let revision = v.get("revision").and_then(Value::as_str);
+    match sup.downloads.start(&repo, revision, &settings.hub_endpoint(), &settings.models_dir()) {
+        Ok(job) => (StatusCode::ACCEPTED, Json(job)).into_response(),
+        Err(e @ (DownloadError::AlreadyRunning(_) | DownloadError::AlreadyInstalled(_))) => ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string()).code("conflict").into_response(),
+        Err(e) => ApiError::invalid("repo", e.to_string()).into_response(),
+    }
+}
+
+async fn cancel_download(State(sup): S, Path(id): Path<u64>) -> Response {
+    let Some(sup) = sup.upgrade() else { return gone().into_response() };
+    if sup.downloads.cancel(id) {
+        Json(json!({"id": id, "cancelling": true})).into_response()
+    } else {
+        ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", format!("No download {id}")).code("not_found").into_response()
+    }
+}
+
+// Handlers share the supervisor across tasks.
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<Arc<Supervisor>>();
+};

@@ -1,0 +1,330 @@
+//! Runs the engine from the settings file and restarts it in-process when the file changes
+//! (SPEC §7): validate first; an invalid file leaves the running engine serving and says why;
+//! a valid one drains the old engine (requests finish or are cancelled after a deadline,
+//! leases return), then starts the new one behind the same listener. Fields that need no
+//! restart (sampling defaults, the default model, launch at login) apply live.
+
+mod control;
+mod watch;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::config::{ConfigError, Settings};
+use crate::download::Downloads;
+use crate::runtime::Engine;
+use crate::server::{ServeError, Server, DEFAULT_PORT};
+
+/// How long in-flight requests may run on a restart before they are cancelled.
+pub const RESTART_GRACE: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    Starting,
+    Running,
+    Restarting,
+    /// No engine: the settings cannot run (see `config_error` / `message`).
+    Failed,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ConfigProblem {
+    pub message: String,
+    pub field: Option<String>,
+}
+
+impl From<&ConfigError> for ConfigProblem {
+    fn from(e: &ConfigError) -> Self {
+        ConfigProblem { message: e.to_string(), field: e.field().map(String::from) }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub phase: Phase,
+    /// One line for people: what the engine is doing.
+    pub message: String,
+    /// The settings file's problem, while it has one (the engine keeps the last good ones).
+    pub config_error: Option<ConfigProblem>,
+    pub url: String,
+    pub config_path: PathBuf,
+    /// A model being loaded by a live change, until it is ready.
+    pub loading: Option<String>,
+    pub restarts: u64,
+}
+
+pub struct Supervisor {
+    path: PathBuf,
+    log_dir: Option<PathBuf>,
+    server: tokio::sync::Mutex<Option<Server>>,
+    /// The settings the engine runs with (None until a valid file has been applied).
+    applied: Mutex<Option<Settings>>,
+    status: Mutex<Status>,
+    /// One change (reload, save, restart) at a time.
+    changes: tokio::sync::Mutex<()>,
+    pub downloads: Arc<Downloads>,
+    watcher: Mutex<Option<watch::Watcher>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Supervisor {
+    /// Bind the listener and start the engine the settings file describes (writing the
+    /// defaults first if there is no file). Returns once the UI and control API are up; the
+    /// model loads in the background (`status().phase` says when it is running).
+    pub async fn start(path: &Path, log_dir: Option<PathBuf>) -> Result<Arc<Supervisor>, ServeError> {
+        if !path.exists() {
+            if let Err(e) = Settings::default().save(path) {
+                tracing::warn!("cannot write default settings: {e}");
+            }
+        }
+        let loaded = Settings::load(path);
+        let port = match &loaded {
+            Ok(s) => s.port,
+            // Serve the UI where the user expects it, so they can fix the file there.
+            Err(_) => std::fs::read_to_string(path).ok().and_then(|t| toml::from_str::<Settings>(&t).ok()).map_or(DEFAULT_PORT, |s| s.port),
+        };
+        let serve = loaded.as_ref().map(|s| s.serve_config(log_dir.clone())).unwrap_or_else(|_| Settings { port, ..Settings::default() }.serve_config(None));
+        let server = Server::bind(serve).await?;
+        let url = server.url();
+        let sup = Arc::new(Supervisor {
+            path: path.to_path_buf(),
+            log_dir,
+            downloads: Downloads::new(),
+            server: tokio::sync::Mutex::new(None),
+            applied: Mutex::new(None),
+            status: Mutex::new(Status { phase: Phase::Starting, message: "Starting the engine".into(), config_error: None, url, config_path: path.to_path_buf(), loading: None, restarts: 0 }),
+            changes: tokio::sync::Mutex::new(()),
+            watcher: Mutex::new(None),
+        });
+        server.front.set_control(control::router(Arc::downgrade(&sup)));
+        *sup.server.lock().await = Some(server);
+        match loaded {
+            Ok(settings) => {
+                let s = sup.clone();
+                tokio::spawn(async move {
+                    let _change = s.changes.lock().await;
+                    s.launch(settings, None).await;
+                });
+            }
+            Err(e) => sup.reject(&e, "No engine: the settings file has a problem"),
+        }
+        Ok(sup)
+    }
+
+    /// Watch the settings file; hand edits apply like the settings window's (debounced).
+    pub fn watch(self: &Arc<Self>) -> notify::Result<()> {
+        let weak = Arc::downgrade(self);
+        let w = watch::Watcher::new(&self.path, Duration::from_millis(300), move || {
+            let weak = weak.clone();
+            async move {
+                if let Some(s) = weak.upgrade() {
+                    s.reload().await;
+                }
+            }
+        })?;
+        *lock(&self.watcher) = Some(w);
+        Ok(())
+    }
+
+    pub fn status(&self) -> Status {
+        lock(&self.status).clone()
+    }
+
+    pub fn config_path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The settings in force.
+    pub fn settings(&self) -> Option<Settings> {
+        lock(&self.applied).clone()
+    }
+
+    pub fn url(&self) -> String {
+        lock(&self.status).url.clone()
+    }
+
+    pub async fn app(&self) -> Option<Arc<crate::server::App>> {
+        self.server.lock().await.as_ref().and_then(|s| s.app())
+    }
+
+    fn set(&self, f: impl FnOnce(&mut Status)) {
+        f(&mut lock(&self.status));
+    }
+
+    fn reject(&self, e: &ConfigError, no_engine: &str) {
+        tracing::warn!("settings rejected: {e}");
+        let running = lock(&self.applied).is_some();
+        self.set(|s| {
+            s.config_error = Some(e.into());
+            if !running {
+                s.phase = Phase::Failed;
+                s.message = no_engine.into();
+            }
+        });
+    }
+
+    /// Re-read the file and apply it.
+    pub async fn reload(&self) {
+        let _change = self.changes.lock().await;
+        match Settings::load(&self.path) {
+            Ok(new) => self.apply(new).await,
+            Err(e) => self.reject(&e, "No engine: the settings file has a problem"),
+        }
+    }
+
+    /// Check and write new settings (from the settings window), then apply them. Invalid
+    /// settings are refused and the file is left as it was. Returns whether the engine
+    /// restarts.
+    pub async fn save(&self, new: Settings) -> Result<bool, ConfigError> {
+        let _change = self.changes.lock().await;
+        new.validate()?;
+        new.save(&self.path)?;
+        let restart = lock(&self.applied).as_ref().is_none_or(|old| old.needs_restart(&new));
+        self.apply(new).await;
+        Ok(restart)
+    }
+
+    /// Make `id` the default model and load it (the tray's model picker).
+    pub async fn select_model(&self, id: &str) -> Result<(), ConfigError> {
+        let mut s = match self.settings() {
+            Some(s) => s,
+            None => Settings::load(&self.path)?,
+        };
+        s.default_model = id.to_string();
+        self.save(s).await.map(|_| ())
+    }
+
+    async fn apply(&self, new: Settings) {
+        self.set(|s| s.config_error = None);
+        let old = self.settings();
+        match old {
+            Some(old) if old == new => {}
+            Some(old) if !old.needs_restart(&new) => self.apply_live(&old, new).await,
+            old => {
+                self.launch(new, old).await;
+            }
+        }
+    }
+
+    async fn apply_live(&self, old: &Settings, new: Settings) {
+        let app = self.app().await;
+        if let Some(app) = &app {
+            *lock(&app.sampling) = new.sampling;
+        }
+        *lock(&self.applied) = Some(new.clone());
+        if old.default_model != new.default_model {
+            if let Some(app) = app {
+                let id = new.default_model.clone();
+                self.set(|s| {
+                    s.loading = Some(id.clone());
+                    s.message = format!("Loading {id}…");
+                });
+                let result = app.engine.lease_model(&id).await;
+                self.set(|s| {
+                    s.loading = None;
+                    s.message = match &result {
+                        Ok(_) => format!("Serving {id}"),
+                        Err(e) => format!("Could not load {id}: {e}"),
+                    };
+                });
+            }
+        }
+    }
+
+    /// (Re)start the engine with `new`; on failure go back to `old` if there is one.
+    async fn launch(&self, new: Settings, old: Option<Settings>) {
+        let mut guard = self.server.lock().await;
+        let Some(server) = guard.as_mut() else { return };
+        // A new port is bound before the old engine goes, so a busy port changes nothing.
+        let mut moved: Option<Server> = None;
+        if new.port != 0 && new.port != server.addr.port() {
+            match Server::bind(new.serve_config(self.log_dir.clone())).await {
+                Ok(s) => {
+                    s.front.set_control(server.front.control_router());
+                    moved = Some(s);
+                }
+                Err(e) => {
+                    let e = ConfigError::Invalid { field: "port", message: e.to_string() };
+                    return self.reject(&e, "No engine");
+                }
+            }
+        }
+        if old.is_some() {
+            let busy = server.app().map_or(0, |a| {
+                let f = a.engine.foreground.snapshot();
+                f.foreground_active + f.foreground_queued
+            });
+            self.set(|s| {
+                s.phase = Phase::Restarting;
+                s.message = format!("Restarting the engine: finishing {busy} request(s)");
+            });
+            let old_app = server.unhost("The engine is restarting to apply new settings; try again in a moment", RESTART_GRACE).await;
+            // The old engine (and its model memory) goes before the new one loads.
+            drop(old_app);
+        }
+        if let Some(new_server) = moved {
+            let old_server = std::mem::replace(server, new_server);
+            old_server.shutdown().await;
+            let url = server.url();
+            self.set(|s| s.url = url);
+        }
+        self.set(|s| {
+            s.phase = if old.is_some() { Phase::Restarting } else { Phase::Starting };
+            s.message = format!("Loading {}…", new.default_model);
+        });
+        server.front.set_unavailable(format!("The engine is loading {}; try again in a moment", new.default_model));
+        let config = new.engine_config();
+        let started = tokio::task::spawn_blocking(move || Engine::start(config)).await;
+        let started = match started {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(e) => Err(format!("the engine panicked while starting: {e}")),
+        };
+        let hosted = started.and_then(|engine| server.host(Arc::new(engine), new.serve_config(self.log_dir.clone())).map_err(|e| e.to_string()));
+        match hosted {
+            Ok(_) => {
+                *lock(&self.applied) = Some(new.clone());
+                self.set(|s| {
+                    s.phase = Phase::Running;
+                    s.message = format!("Serving {}", new.default_model);
+                    if old.is_some() {
+                        s.restarts += 1;
+                    }
+                });
+                tracing::info!(model = %new.default_model, "engine running");
+            }
+            Err(e) => {
+                tracing::error!("the engine could not start: {e}");
+                server.front.set_unavailable(format!("The engine could not start: {e}"));
+                let problem = ConfigError::Invalid { field: "default_model", message: format!("the engine could not start with these settings: {e}") };
+                drop(guard);
+                match old {
+                    Some(old) => {
+                        *lock(&self.applied) = None;
+                        Box::pin(self.launch(old, None)).await;
+                        self.set(|s| s.config_error = Some((&problem).into()));
+                    }
+                    None => {
+                        *lock(&self.applied) = None;
+                        self.reject(&problem, &format!("No engine: {e}"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stop watching, drain the engine and close the listener.
+    pub async fn shutdown(&self) {
+        lock(&self.watcher).take();
+        self.downloads.cancel_all();
+        if let Some(server) = self.server.lock().await.take() {
+            server.shutdown().await;
+        }
+    }
+}

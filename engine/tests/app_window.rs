@@ -1,0 +1,63 @@
+//! The desktop app (`target/debug/perch-app`, built by `scripts/test` before the tests) in a
+//! real window under Xvfb and a D-Bus session, driven by tauri-driver + WebKitWebDriver
+//! (`tests/ui/app.mjs`): the chat window opens on the engine's UI and answers. The app runs
+//! with its own settings file and a fixture model; a screenshot goes to
+//! `target/test-artifacts/app/`.
+
+#![cfg_attr(not(target_os = "linux"), allow(unused))]
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::*;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().unwrap()
+}
+
+// Xvfb, tauri-driver and WebKitWebDriver are Linux tools; on macOS the app is checked by hand.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_desktop_app_opens_its_chat_window_and_answers() {
+    let app = root().join("target/debug/perch-app");
+    assert!(app.exists(), "{} is missing: scripts/test builds it (cargo build -p perch-app)", app.display());
+    let tmp = tempfile::tempdir().unwrap();
+    let models = tmp.path().join("models");
+    std::fs::create_dir_all(models.join("chat")).unwrap();
+    for f in std::fs::read_dir(fixture_dir("qwen3")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, models.join("chat").join(f.file_name().unwrap())).unwrap();
+    }
+    let config = tmp.path().join("config/perch.toml");
+    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+    std::fs::write(
+        &config,
+        format!("models_dir = \"{}\"\ndefault_model = \"chat\"\nport = 0\nwarmup_profile = \"off\"\nload_warmup = false\nscan_hf_cache = false\ndraft = \"none\"\n", models.display()),
+    )
+    .unwrap();
+    let driver = std::env::var("TAURI_DRIVER").unwrap_or_else(|_| {
+        let home = std::env::var("HOME").unwrap_or_default();
+        let installed = PathBuf::from(home).join(".cargo/bin/tauri-driver");
+        if installed.exists() { installed.display().to_string() } else { "tauri-driver".into() }
+    });
+    let out = Command::new("xvfb-run")
+        .args(["-a", "-s", "-screen 0 1280x900x24", "dbus-run-session", "--", "node"])
+        .arg(root().join("tests/ui/app.mjs"))
+        .arg(&app)
+        .arg(root().join("target/test-artifacts/app"))
+        .env("TAURI_DRIVER", driver)
+        .env("PERCH_CONFIG", &config)
+        .env("PERCH_LOG_DIR", tmp.path().join("logs"))
+        .env("PERCH_DTYPE", "f32")
+        // The app's data (window state, single-instance lock) stays out of the user's home.
+        .env("XDG_DATA_HOME", tmp.path().join("data"))
+        .env("XDG_CONFIG_HOME", tmp.path().join("xdg-config"))
+        .env("XDG_CACHE_HOME", tmp.path().join("cache"))
+        .output()
+        .expect("xvfb-run, dbus-run-session and node (scripts/setup-ui installs them)");
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the desktop app check failed");
+}

@@ -1,0 +1,250 @@
+//! Model downloads against a local server speaking the hub's API on loopback (`/api/models/
+//! {repo}/revision/{rev}` listings with sizes, `/{repo}/resolve/{sha}/{file}` with etags and
+//! ranges): a full download, a connection cut mid-file and resumed, an interrupted download
+//! resumed by a second one, a cancel that leaves nothing behind, and a missing repo.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use common::*;
+use perch_engine::download::{Downloads, JobView, State as JobState};
+use serde_json::json;
+
+const REPO: &str = "perch-test/tiny-qwen3";
+const SHA: &str = "0123456789abcdef0123456789abcdef01234567";
+
+#[derive(Default)]
+struct Hub {
+    files: HashMap<String, Vec<u8>>,
+    /// Bodies stop after this many bytes (then the connection drops), for this many responses.
+    cut_at: AtomicU64,
+    cuts_left: AtomicU64,
+    /// Sleep per 16 KiB chunk, in ms (for cancelling mid-file).
+    slow_ms: AtomicU64,
+    ranges: Mutex<Vec<String>>,
+    requests: AtomicU64,
+}
+
+fn etag(file: &str) -> String {
+    format!("\"etag-{file}\"")
+}
+
+async fn listing(State(hub): State<Arc<Hub>>, UrlPath((org, name, _rev)): UrlPath<(String, String, String)>) -> Response {
+    if format!("{org}/{name}") != REPO {
+        return (StatusCode::NOT_FOUND, Json(json!({"error": "Repository not found"}))).into_response();
+    }
+    let mut siblings: Vec<_> = hub.files.iter().map(|(f, b)| json!({"rfilename": f, "size": b.len()})).collect();
+    siblings.push(json!({"rfilename": "README.md", "size": 5}));
+    Json(json!({"id": REPO, "sha": SHA, "siblings": siblings})).into_response()
+}
+
+async fn resolve(State(hub): State<Arc<Hub>>, UrlPath((org, name, rev, file)): UrlPath<(String, String, String, String)>, headers: HeaderMap) -> Response {
+    hub.requests.fetch_add(1, Ordering::Relaxed);
+    let Some(bytes) = hub.files.get(&file).filter(|_| format!("{org}/{name}") == REPO && rev == SHA) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let tag = etag(&file);
+    let mut start = 0usize;
+    let mut status = StatusCode::OK;
+    if let Some(range) = headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
+        hub.ranges.lock().unwrap().push(format!("{file} {range}"));
+        let if_range_ok = headers.get(header::IF_RANGE).and_then(|v| v.to_str().ok()) == Some(tag.as_str());
+        if if_range_ok {
+            start = range.trim_start_matches("bytes=").trim_end_matches('-').parse().unwrap();
+            status = StatusCode::PARTIAL_CONTENT;
+        }
+    }
+    let body: Vec<u8> = bytes[start..].to_vec();
+    let len = body.len();
+    let cut = if hub.cuts_left.load(Ordering::Relaxed) > 0 && file.ends_with(".safetensors") {
+        hub.cuts_left.fetch_sub(1, Ordering::Relaxed);
+        Some(hub.cut_at.load(Ordering::Relaxed) as usize)
+    } else {
+        None
+    };
+    let slow = hub.slow_ms.load(Ordering::Relaxed);
+    // Flush what was sent before a cut, as a real connection dropping mid-body would have.
+    let slow = if cut.is_some() { slow.max(2) } else { slow };
+    let stream = async_stream(body, cut, slow);
+    let mut r = Response::builder().status(status).header(header::ETAG, tag).header(header::CONTENT_LENGTH, len);
+    if status == StatusCode::PARTIAL_CONTENT {
+        r = r.header(header::CONTENT_RANGE, format!("bytes {start}-{}/{}", bytes.len() - 1, bytes.len()));
+    }
+    r.body(Body::from_stream(stream)).unwrap()
+}
+
+/// The body in 16 KiB chunks; with `cut`, an error after that many bytes drops the connection.
+fn async_stream(body: Vec<u8>, cut: Option<usize>, slow_ms: u64) -> impl futures_util::Stream<Item = Result<Vec<u8>, std::io::Error>> {
+    let chunks: Vec<Vec<u8>> = body.chunks(16 << 10).map(|c| c.to_vec()).collect();
+    futures_util::stream::unfold((chunks.into_iter(), 0usize), move |(mut it, sent)| async move {
+        if slow_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(slow_ms)).await;
+        }
+        if cut.is_some_and(|c| sent >= c) {
+            return Some((Err(std::io::Error::other("cut")), (it, usize::MAX)));
+        }
+        if sent == usize::MAX {
+            return None;
+        }
+        let c = it.next()?;
+        let n = c.len();
+        Some((Ok(c), (it, sent + n)))
+    })
+}
+
+async fn hub() -> (Arc<Hub>, String) {
+    let mut files = HashMap::new();
+    for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+        files.insert(f.to_string(), std::fs::read(fixture_dir("qwen3").join(f)).unwrap());
+    }
+    let hub = Arc::new(Hub { files, ..Default::default() });
+    let app = Router::new()
+        .route("/api/models/{org}/{name}/revision/{rev}", get(listing))
+        .route("/{org}/{name}/resolve/{rev}/{*file}", get(resolve))
+        .with_state(hub.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (hub, url)
+}
+
+async fn finish(d: &Downloads, id: u64) -> JobView {
+    let t = Instant::now();
+    loop {
+        let j = d.get(id).unwrap();
+        if j.state != JobState::Running {
+            return j;
+        }
+        assert!(t.elapsed() < Duration::from_secs(60), "download stuck: {j:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn same_as_fixture(dir: &Path) {
+    for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+        assert_eq!(std::fs::read(dir.join(f)).unwrap(), std::fs::read(fixture_dir("qwen3").join(f)).unwrap(), "{f}");
+    }
+    let names: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert!(names.iter().all(|n| !n.ends_with(".part") && !n.ends_with(".etag") && !n.starts_with('.')), "leftovers: {names:?}");
+    assert!(!names.contains(&"README.md".to_string()), "only model files are fetched");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_download_installs_a_model_that_loads() {
+    let (hub, url) = hub().await;
+    let models = tempfile::tempdir().unwrap();
+    let d = Downloads::new();
+    let job = d.start(REPO, None, &url, models.path()).unwrap();
+    let j = finish(&d, job.id).await;
+    assert_eq!(j.state, JobState::Done, "{j:?}");
+    let total: u64 = hub.files.values().map(|b| b.len() as u64).sum();
+    assert_eq!((j.bytes_done, j.bytes_total, j.resumed_bytes), (total, total, 0));
+    let dir = models.path().join("tiny-qwen3");
+    same_as_fixture(&dir);
+    assert!(!models.path().join(".downloads/perch-test--tiny-qwen3").exists());
+    std::env::set_var("PERCH_DTYPE", "f32");
+    perch_engine::load_model(&dir).expect("the downloaded model loads");
+    // Downloading it again is refused rather than overwriting it.
+    assert!(d.start(REPO, None, &url, models.path()).unwrap_err().to_string().contains("already installed"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_connection_resumes_where_it_stopped() {
+    let (hub, url) = hub().await;
+    hub.cut_at.store(600_000, Ordering::Relaxed);
+    hub.cuts_left.store(2, Ordering::Relaxed);
+    let models = tempfile::tempdir().unwrap();
+    let d = Downloads::new();
+    let j = finish(&d, d.start(REPO, None, &url, models.path()).unwrap().id).await;
+    assert_eq!(j.state, JobState::Done, "{j:?}");
+    let ranges = hub.ranges.lock().unwrap().clone();
+    assert_eq!(ranges.len(), 2, "each cut is resumed with a Range request: {ranges:?}");
+    assert!(ranges[0].starts_with("model.safetensors bytes=") && !ranges[0].ends_with("bytes=0-"), "{ranges:?}");
+    assert!(j.resumed_bytes >= 600_000, "{j:?}");
+    same_as_fixture(&models.path().join("tiny-qwen3"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_download_is_resumed_by_the_next_one() {
+    let (hub, url) = hub().await;
+    // Every attempt is cut: the download gives up, keeping what it has.
+    hub.cut_at.store(100_000, Ordering::Relaxed);
+    hub.cuts_left.store(1_000, Ordering::Relaxed);
+    let models = tempfile::tempdir().unwrap();
+    let d = Downloads::new();
+    let j = finish(&d, d.start(REPO, None, &url, models.path()).unwrap().id).await;
+    assert_eq!(j.state, JobState::Failed, "{j:?}");
+    assert!(j.error.as_deref().unwrap().contains("start it again to resume"), "{j:?}");
+    let part = models.path().join(".downloads/perch-test--tiny-qwen3/model.safetensors.part");
+    let kept = std::fs::metadata(&part).unwrap_or_else(|e| panic!("{e}: {:?}", walk(models.path()))).len();
+    assert!(kept >= 100_000, "the part file keeps what arrived: {kept}");
+    assert!(!models.path().join("tiny-qwen3").exists(), "nothing half-done is installed");
+
+    hub.cuts_left.store(0, Ordering::Relaxed);
+    hub.ranges.lock().unwrap().clear();
+    let j = finish(&d, d.start(REPO, None, &url, models.path()).unwrap().id).await;
+    assert_eq!(j.state, JobState::Done, "{j:?}");
+    assert!(hub.ranges.lock().unwrap()[0].ends_with(&format!("bytes={kept}-")), "{:?}", hub.ranges.lock().unwrap());
+    assert!(j.resumed_bytes >= kept);
+    same_as_fixture(&models.path().join("tiny-qwen3"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_download_leaves_nothing_behind() {
+    let (hub, url) = hub().await;
+    hub.slow_ms.store(40, Ordering::Relaxed);
+    let models = tempfile::tempdir().unwrap();
+    let d = Downloads::new();
+    let id = d.start(REPO, None, &url, models.path()).unwrap().id;
+    let t = Instant::now();
+    while d.get(id).unwrap().bytes_done < 100_000 {
+        assert!(t.elapsed() < Duration::from_secs(30));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(d.cancel(id));
+    let j = finish(&d, id).await;
+    assert_eq!(j.state, JobState::Cancelled, "{j:?}");
+    assert!(j.bytes_done < j.bytes_total, "cancelled mid-way: {j:?}");
+    let left: Vec<_> = walk(models.path());
+    assert!(left.is_empty(), "nothing half-written remains: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_repo_fails_clearly_and_writes_nothing() {
+    let (hub, url) = hub().await;
+    let models = tempfile::tempdir().unwrap();
+    let d = Downloads::new();
+    let j = finish(&d, d.start("perch-test/no-such-model", None, &url, models.path()).unwrap().id).await;
+    assert_eq!(j.state, JobState::Failed);
+    assert!(j.error.as_deref().unwrap().contains("was not found"), "{j:?}");
+    assert!(walk(models.path()).is_empty());
+    assert_eq!(hub.requests.load(Ordering::Relaxed), 0, "no file was requested");
+    assert!(d.start("not a repo", None, &url, models.path()).is_err());
+    assert!(d.start("../etc", None, &url, models.path()).is_err());
+}
+
+fn walk(dir: &Path) -> Vec<String> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            let inner = walk(&p);
+            out.push(p.display().to_string());
+            out.extend(inner);
+        } else {
+            out.push(p.display().to_string());
+        }
+    }
+    out
+}

@@ -1,0 +1,253 @@
+//! The settings file and in-process restarts (SPEC §7), through the supervisor the desktop app
+//! and `perch serve --config` use: hand edits picked up by the watcher, invalid edits that keep
+//! the old engine serving, graceful restarts with requests in flight, live fields applied
+//! without a restart, and the control API's checks — all over real loopback HTTP.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures_util::StreamExt;
+use perch_engine::supervisor::{Phase, Supervisor};
+use serde_json::{json, Value};
+
+struct Setup {
+    _tmp: tempfile::TempDir,
+    config: PathBuf,
+    models: PathBuf,
+}
+
+fn setup() -> Setup {
+    std::env::set_var("PERCH_DTYPE", "f32");
+    let tmp = tempfile::tempdir().unwrap();
+    let models = tmp.path().join("models");
+    std::fs::create_dir_all(&models).unwrap();
+    for (name, id) in [("qwen3", "chat"), (MTP_FIXTURE, "mtp")] {
+        let (_t, dir) = copy_fixture(name, id);
+        let to = models.join(id);
+        std::fs::create_dir(&to).unwrap();
+        for f in std::fs::read_dir(&dir).unwrap() {
+            let f = f.unwrap().path();
+            std::fs::copy(&f, to.join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    let config = tmp.path().join("config/perch.toml");
+    std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+    std::fs::write(&config, settings_text(&models, "draft = \"none\"")).unwrap();
+    Setup { _tmp: tmp, config, models }
+}
+
+fn settings_text(models: &Path, extra: &str) -> String {
+    format!(
+        "models_dir = \"{}\"\ndefault_model = \"chat\"\nport = 0\nwarmup_profile = \"off\"\nload_warmup = false\nscan_hf_cache = false\n{extra}\n",
+        models.display()
+    )
+}
+
+async fn wait_for(sup: &Supervisor, what: &str, f: impl Fn(&perch_engine::supervisor::Status) -> bool) {
+    let t = Instant::now();
+    while !f(&sup.status()) {
+        assert!(t.elapsed() < Duration::from_secs(60), "timed out waiting for {what}: {:?}", sup.status());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn running(s: &Setup) -> Arc<Supervisor> {
+    let sup = Supervisor::start(&s.config, None).await.unwrap();
+    sup.watch().unwrap();
+    wait_for(&sup, "the engine to run", |st| st.phase == Phase::Running).await;
+    sup
+}
+
+async fn get(url: &str) -> (u16, Value) {
+    let r = reqwest::get(url).await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+async fn send(method: reqwest::Method, url: &str, body: Value) -> (u16, Value) {
+    let r = reqwest::Client::new().request(method, url).json(&body).send().await.unwrap();
+    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
+}
+
+async fn chat(url: &str) -> (u16, Value) {
+    send(reqwest::Method::POST, &format!("{url}/v1/chat/completions"), json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hand_edits_restart_the_engine_and_invalid_ones_keep_it_serving() {
+    let s = setup();
+    let sup = running(&s).await;
+    let url = sup.url();
+    assert_eq!(chat(&url).await.0, 200);
+    assert_eq!(get(&format!("{url}/health")).await.1["draft"], "none");
+
+    // A hand edit (plain write, as an editor would) is picked up and restarts the engine.
+    std::fs::write(&s.config, settings_text(&s.models, "draft = \"lookup\"")).unwrap();
+    wait_for(&sup, "the restart", |st| st.restarts == 1 && st.phase == Phase::Running).await;
+    assert_eq!(get(&format!("{url}/health")).await.1["draft"], "lookup", "the new engine runs the new settings");
+    assert_eq!(chat(&url).await.0, 200);
+
+    // An invalid edit is reported and the old engine keeps serving.
+    std::fs::write(&s.config, settings_text(&s.models, "draft = \"bogus\"")).unwrap();
+    wait_for(&sup, "the rejection", |st| st.config_error.is_some()).await;
+    let st = sup.status();
+    assert_eq!(st.config_error.as_ref().unwrap().field.as_deref(), Some("draft"), "{st:?}");
+    assert_eq!((st.restarts, st.phase), (1, Phase::Running));
+    assert_eq!(chat(&url).await.0, 200, "still serving");
+    assert_eq!(get(&format!("{url}/health")).await.1["draft"], "lookup");
+    let (_, cfg) = get(&format!("{url}/api/config")).await;
+    assert_eq!(cfg["error"]["field"], "draft", "{cfg}");
+
+    // Broken TOML too.
+    std::fs::write(&s.config, "port = \n").unwrap();
+    wait_for(&sup, "the syntax error", |st| st.config_error.as_ref().is_some_and(|e| e.message.contains("TOML"))).await;
+    assert_eq!(chat(&url).await.0, 200);
+
+    // Fixed: the error clears; these settings differ from the running ones, so it restarts.
+    std::fs::write(&s.config, settings_text(&s.models, "draft = \"none\"")).unwrap();
+    wait_for(&sup, "the fix", |st| st.config_error.is_none() && st.restarts == 2 && st.phase == Phase::Running).await;
+    assert_eq!(get(&format!("{url}/health")).await.1["draft"], "none");
+    sup.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restart_lets_the_request_in_flight_finish_and_answers_others_with_a_clear_503() {
+    let s = setup();
+    let sup = running(&s).await;
+    let url = sup.url();
+    let body = json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1500, "stream": true});
+    let resp = reqwest::Client::new().post(format!("{url}/v1/chat/completions")).json(&body).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.bytes_stream();
+    let first = stream.next().await.unwrap().unwrap();
+    assert!(!first.is_empty());
+    let reader = tokio::spawn(async move {
+        let mut text = String::from_utf8_lossy(&first).into_owned();
+        while let Some(chunk) = stream.next().await {
+            text.push_str(&String::from_utf8_lossy(&chunk.expect("the stream is not cut by the restart")));
+        }
+        text
+    });
+    let saver = {
+        let (sup, models) = (sup.clone(), s.models.clone());
+        tokio::spawn(async move {
+            let mut new = perch_engine::config::Settings::parse(&settings_text(&models, "draft = \"lookup\""), Path::new("x")).unwrap();
+            new.port = 0;
+            sup.save(new).await.unwrap()
+        })
+    };
+    wait_for(&sup, "the restart to begin", |st| st.phase == Phase::Restarting).await;
+    // While the old engine drains, new requests are told why, with Retry-After.
+    let r = reqwest::Client::new().post(format!("{url}/v1/chat/completions")).json(&json!({"model": "chat", "messages": [{"role": "user", "content": "x"}]})).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "engine_restarting", "{e}");
+    let text = reader.await.unwrap();
+    assert!(text.contains("\"finish_reason\":\"length\"") || text.contains("\"finish_reason\":\"stop\""), "the stream ran to its end: {}", &text[text.len().saturating_sub(300)..]);
+    assert!(text.trim_end().ends_with("data: [DONE]"));
+    assert!(saver.await.unwrap(), "the save restarted the engine");
+    wait_for(&sup, "the new engine", |st| st.phase == Phase::Running && st.restarts == 1).await;
+    assert_eq!(chat(&url).await.0, 200);
+    assert_eq!(get(&format!("{url}/health")).await.1["leases"]["total"], 0, "no lease leaked across the restart");
+    sup.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_settings_api_checks_fields_and_applies_live_ones_without_a_restart() {
+    let s = setup();
+    let sup = running(&s).await;
+    let url = sup.url();
+    let (code, cfg) = get(&format!("{url}/api/config")).await;
+    assert_eq!(code, 200);
+    let settings = cfg["settings"].clone();
+    let before = std::fs::read(&s.config).unwrap();
+
+    for (field, value, param) in [
+        ("port", json!(80), "port"),
+        ("draft", json!("mtp:9"), "draft"),
+        ("default_model", json!("missing"), "default_model"),
+        ("allowed_origins", json!(["example.com"]), "allowed_origins"),
+    ] {
+        let mut bad = settings.clone();
+        bad[field] = value;
+        let (code, e) = send(reqwest::Method::PUT, &format!("{url}/api/config"), bad).await;
+        assert_eq!(code, 400, "{field}: {e}");
+        assert_eq!(e["error"]["param"], param, "{e}");
+        assert_eq!(e["error"]["code"], "invalid_setting");
+    }
+    let mut typo = settings.clone();
+    typo["prot"] = json!(1);
+    assert_eq!(send(reqwest::Method::PUT, &format!("{url}/api/config"), typo).await.0, 400);
+    assert_eq!(std::fs::read(&s.config).unwrap(), before, "a refused change leaves the file alone");
+
+    // Sampling defaults apply live; requests that omit temperature now get greedy output.
+    let mut live = settings.clone();
+    live["sampling"]["temperature"] = json!(0.0);
+    let (code, r) = send(reqwest::Method::PUT, &format!("{url}/api/config"), live.clone()).await;
+    assert_eq!((code, &r["restarted"]), (200, &json!(false)), "{r}");
+    assert_eq!(sup.status().restarts, 0);
+    let a = chat(&url).await.1["choices"][0]["message"]["content"].clone();
+    let b = chat(&url).await.1["choices"][0]["message"]["content"].clone();
+    assert_eq!(a, b, "temperature 0 by default: the same answer twice");
+    assert!(std::fs::read_to_string(&s.config).unwrap().contains("temperature = 0.0"));
+
+    // Picking another model (the tray's picker) loads it without a restart.
+    let (code, r) = send(reqwest::Method::POST, &format!("{url}/api/models/select"), json!({"id": "mtp"})).await;
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(sup.status().restarts, 0);
+    let (_, h) = get(&format!("{url}/health")).await;
+    assert_eq!(h["model"]["id"], "mtp", "{h}");
+    let (code, e) = send(reqwest::Method::POST, &format!("{url}/api/models/select"), json!({"id": "nope"})).await;
+    assert_eq!((code, &e["error"]["param"]), (400, &json!("default_model")), "{e}");
+
+    // Models: listed with size and format; the default cannot be deleted, another can.
+    let (_, list) = get(&format!("{url}/api/models")).await;
+    let ids: Vec<&str> = list["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["chat", "mtp"]);
+    assert!(list["data"][0]["size_bytes"].as_u64().unwrap() > 100_000 && list["data"][0]["format"].is_string());
+    let (code, e) = send(reqwest::Method::DELETE, &format!("{url}/api/models/mtp"), json!({})).await;
+    assert_eq!((code, &e["error"]["code"]), (400, &json!("model_in_use")), "{e}");
+    send(reqwest::Method::POST, &format!("{url}/api/models/select"), json!({"id": "chat"})).await;
+    let (code, _) = send(reqwest::Method::DELETE, &format!("{url}/api/models/mtp"), json!({})).await;
+    assert_eq!(code, 200);
+    assert!(!s.models.join("mtp").exists());
+
+    // The control API sits behind the same guard as the engine's.
+    let r = reqwest::Client::new().get(format!("{url}/api/config")).header("Host", "evil.example").send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    let r = reqwest::Client::new().put(format!("{url}/api/config")).header("Origin", "https://evil.example").json(&live).send().await.unwrap();
+    assert_eq!(r.status(), 403);
+
+    // A new port: the listener moves, the old port closes.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut moved = live.clone();
+    moved["port"] = json!(free);
+    let (code, r) = send(reqwest::Method::PUT, &format!("{url}/api/config"), moved).await;
+    assert_eq!(code, 200, "{r}");
+    let new_url = format!("http://127.0.0.1:{free}");
+    assert_eq!(sup.url(), new_url);
+    assert_eq!(chat(&new_url).await.0, 200);
+    assert!(reqwest::get(format!("{url}/health")).await.is_err(), "the old port is closed");
+    sup.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_file_at_start_serves_the_ui_and_says_why() {
+    let s = setup();
+    std::fs::write(&s.config, settings_text(&s.models, "draft = \"nope\"")).unwrap();
+    let sup = Supervisor::start(&s.config, None).await.unwrap();
+    let st = sup.status();
+    assert_eq!(st.phase, Phase::Failed);
+    assert_eq!(st.config_error.unwrap().field.as_deref(), Some("draft"));
+    let url = sup.url();
+    let r = reqwest::get(format!("{url}/")).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.text().await.unwrap().contains("<title>Perch</title>"));
+    let (code, e) = chat(&url).await;
+    assert_eq!((code, &e["error"]["code"]), (503, &json!("engine_restarting")), "{e}");
+    sup.shutdown().await;
+}
