@@ -26,7 +26,7 @@ fn the_desktop_app_opens_its_chat_window_and_answers() {
     let tmp = tempfile::tempdir().unwrap();
     let models = tmp.path().join("models");
     std::fs::create_dir_all(models.join("chat")).unwrap();
-    for f in std::fs::read_dir(fixture_dir("qwen3")).unwrap() {
+    for f in std::fs::read_dir(fixture_dir(MTP_FIXTURE)).unwrap() {
         let f = f.unwrap().path();
         std::fs::copy(&f, models.join("chat").join(f.file_name().unwrap())).unwrap();
     }

@@ -22,7 +22,7 @@ async fn the_ui_chats_stops_remembers_and_restarts_the_engine_in_chromium() {
     let tmp = tempfile::tempdir().unwrap();
     let models = tmp.path().join("models");
     std::fs::create_dir_all(&models).unwrap();
-    let (_t, dir) = copy_fixture("qwen3", "chat");
+    let (_t, dir) = copy_fixture(MTP_FIXTURE, "chat");
     std::fs::rename(&dir, models.join("chat")).or_else(|_| {
         // Across filesystems: copy instead.
         std::fs::create_dir(models.join("chat"))?;

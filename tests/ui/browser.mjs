@@ -50,12 +50,23 @@ try {
   await shot(page, "chat-answer.png");
   step(`answered: ${stats}`);
 
-  // 2. Stop mid-stream: the text stops growing, the engine frees the request.
+  // 2. The fixture answered up to its whole context: the next turn cannot fit, and the UI
+  // says so instead of failing silently.
+  await page.fill("#prompt", "And then?");
+  await page.press("#prompt", "Enter");
+  await page.locator(".msg.assistant.error").waitFor({ timeout: 30000 });
+  const full = await page.locator(".msg.assistant.error").textContent();
+  assert.match(full, /no longer fits the model's context/, full);
+  await shot(page, "chat-context-full.png");
+  step(`a full context is explained: ${full.slice(0, 80)}…`);
+
+  // 3. Stop mid-stream (in a new chat): the text stops growing, the engine frees the request.
+  await page.click("#new-chat");
   await page.fill("#prompt", "Tell me a very long story");
   await page.press("#prompt", "Enter");
   await page.waitForFunction(() => {
     const b = document.querySelectorAll(".msg.assistant .body");
-    return b.length >= 2 && b[b.length - 1].textContent.length > 20;
+    return b.length === 1 && b[0].textContent.length > 20;
   }, null, { timeout: 30000 });
   await page.click("#stop");
   await page.locator(".msg.assistant").last().locator(".stats").waitFor();
@@ -73,7 +84,7 @@ try {
   await shot(page, "chat-stopped.png");
   step(`stopped after ${stoppedText.length} characters; the engine is idle again`);
 
-  // 3. Reload: the conversation is still there.
+  // 4. Reload: the conversation is still there.
   await page.reload();
   await waitRunning();
   const item = page.locator("#conversations li", { hasText: "Hello there" });
@@ -83,7 +94,7 @@ try {
   assert.equal(await page.locator(".msg.assistant").count(), 2);
   step("the conversation survived a reload");
 
-  // 4. A setting that needs a restart: the engine restarts and comes back.
+  // 5. A setting that needs a restart: the engine restarts and comes back.
   const before = await page.evaluate(() => fetch("/api/status").then((r) => r.json()));
   await page.goto(`${url}/#settings`);
   await page.waitForFunction(() => document.querySelector("#config-path").textContent.length > 0);
@@ -98,7 +109,7 @@ try {
   await shot(page, "settings-restarted.png");
   step("saved a setting; the engine restarted and serves with it");
 
-  // 5. An invalid setting: a clear error at the field, nothing restarts.
+  // 6. An invalid setting: a clear error at the field, nothing restarts.
   await page.fill("input[name=port]", "80");
   await page.click("#save-settings");
   await page.waitForFunction(() => document.querySelector("#settings-error").textContent.includes("port"));
@@ -109,13 +120,14 @@ try {
   await shot(page, "settings-invalid.png");
   step(`invalid port refused: ${err}`);
 
-  // 6. A hand edit that breaks the file: the banner says so, the old engine keeps serving.
+  // 7. A hand edit that breaks the file: the banner says so, the old engine keeps serving.
   const good = fs.readFileSync(configFile, "utf8");
   fs.writeFileSync(configFile, good.replace('draft = "lookup"', 'draft = "turbo"'));
   await page.locator("#banner").filter({ hasText: "draft" }).waitFor({ timeout: 30000 });
   await shot(page, "settings-hand-edit-invalid.png");
   await page.goto(`${url}/#chat`);
   await waitRunning();
+  await page.click("#new-chat");
   await page.fill("#prompt", "Still there?");
   await page.press("#prompt", "Enter");
   await page.locator(".msg.assistant").last().locator(".stats").waitFor({ timeout: 60000 });
@@ -124,7 +136,7 @@ try {
   await page.locator("#banner").waitFor({ state: "hidden", timeout: 30000 });
   step("an invalid hand edit showed a banner while chat kept working; fixing it cleared it");
 
-  // 7. Models page: the installed models with size and format.
+  // 8. Models page: the installed models with size and format.
   await page.goto(`${url}/#models`);
   await page.locator("#model-table tbody tr").first().waitFor();
   const rows = await page.locator("#model-table tbody tr").allTextContents();
