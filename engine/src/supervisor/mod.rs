@@ -68,6 +68,8 @@ pub struct Supervisor {
     changes: tokio::sync::Mutex<()>,
     pub downloads: Arc<Downloads>,
     watcher: Mutex<Option<watch::Watcher>>,
+    /// The runtime `start` ran on: the watcher's task runs there, whoever calls `watch`.
+    runtime: tokio::runtime::Handle,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -102,6 +104,7 @@ impl Supervisor {
             status: Mutex::new(Status { phase: Phase::Starting, message: "Starting the engine".into(), config_error: None, url, config_path: path.to_path_buf(), loading: None, restarts: 0 }),
             changes: tokio::sync::Mutex::new(()),
             watcher: Mutex::new(None),
+            runtime: tokio::runtime::Handle::current(),
         });
         server.front.set_control(control::router(Arc::downgrade(&sup)));
         *sup.server.lock().await = Some(server);
@@ -121,7 +124,7 @@ impl Supervisor {
     /// Watch the settings file; hand edits apply like the settings window's (debounced).
     pub fn watch(self: &Arc<Self>) -> notify::Result<()> {
         let weak = Arc::downgrade(self);
-        let w = watch::Watcher::new(&self.path, Duration::from_millis(300), move || {
+        let w = watch::Watcher::new(&self.runtime, &self.path, Duration::from_millis(300), move || {
             let weak = weak.clone();
             async move {
                 if let Some(s) = weak.upgrade() {

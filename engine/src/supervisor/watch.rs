@@ -19,10 +19,10 @@ impl Drop for Watcher {
 }
 
 impl Watcher {
-    pub fn new<F, Fut>(file: &Path, settle: Duration, on_change: F) -> notify::Result<Watcher>
+    pub fn new<F, Fut>(runtime: &tokio::runtime::Handle, file: &Path, settle: Duration, on_change: F) -> notify::Result<Watcher>
     where
         F: Fn() -> Fut + Send + 'static,
-        Fut: Future<Output = ()> + Send,
+        Fut: Future<Output = ()> + Send + 'static,
     {
         let dir = file.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
         std::fs::create_dir_all(&dir).map_err(notify::Error::io)?;
@@ -39,7 +39,7 @@ impl Watcher {
             }
         })?;
         inner.watch(&dir, RecursiveMode::NonRecursive)?;
-        let task = tokio::spawn(async move {
+        let task = runtime.spawn(async move {
             while rx.recv().await.is_some() {
                 // Debounce: wait until the file has been quiet for `settle`.
                 loop {
