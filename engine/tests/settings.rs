@@ -100,6 +100,8 @@ async fn hand_edits_restart_the_engine_and_invalid_ones_keep_it_serving() {
     assert_eq!(get(&format!("{url}/health")).await.1["draft"], "lookup");
     let (_, cfg) = get(&format!("{url}/api/config")).await;
     assert_eq!(cfg["error"]["field"], "draft", "{cfg}");
+    let menu = sup.tray_menu().await;
+    assert!(menu.status_line.starts_with("Settings problem: `draft`"), "the tray says so too: {menu:?}");
 
     // Broken TOML too.
     std::fs::write(&s.config, "port = \n").unwrap();
@@ -193,6 +195,8 @@ async fn the_settings_api_checks_fields_and_applies_live_ones_without_a_restart(
     let a = chat(&url).await.1["choices"][0]["message"]["content"].clone();
     let b = chat(&url).await.1["choices"][0]["message"]["content"].clone();
     assert_eq!(a, b, "temperature 0 by default: the same answer twice");
+    let line = sup.tray_menu().await.status_line;
+    assert!(line.starts_with("chat · ") && line.contains(" tok/s · ") && line.ends_with(" MB"), "model, last speed, memory: {line}");
     assert!(std::fs::read_to_string(&s.config).unwrap().contains("temperature = 0.0"));
 
     // Picking another model (the tray's picker) loads it without a restart.
@@ -201,6 +205,12 @@ async fn the_settings_api_checks_fields_and_applies_live_ones_without_a_restart(
     assert_eq!(sup.status().restarts, 0);
     let (_, h) = get(&format!("{url}/health")).await;
     assert_eq!(h["model"]["id"], "mtp", "{h}");
+    // The tray: both models, the picked one checked; the status line names it.
+    let menu = sup.tray_menu().await;
+    let checks: Vec<(&str, bool)> = menu.models.iter().map(|m| (m.id.as_str(), m.checked)).collect();
+    assert_eq!(checks, [("chat", false), ("mtp", true)], "{menu:?}");
+    assert!(menu.status_line.starts_with("mtp"), "{menu:?}");
+    assert_eq!(menu.api_url, format!("{url}/v1"));
     let (code, e) = send(reqwest::Method::POST, &format!("{url}/api/models/select"), json!({"id": "nope"})).await;
     assert_eq!((code, &e["error"]["param"]), (400, &json!("default_model")), "{e}");
 

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use perch_engine::config::Settings;
-use perch_engine::supervisor::{Phase, Status, Supervisor};
+use perch_engine::supervisor::Supervisor;
 use tauri::menu::{CheckMenuItem, Menu, MenuItem, PredefinedMenuItem};
 use tauri::{AppHandle, Manager, RunEvent, WebviewUrl, WebviewWindowBuilder};
 use tauri_plugin_autostart::ManagerExt as _;
@@ -20,7 +20,7 @@ const TRAY_ID: &str = "main";
 
 struct Shell {
     sup: Arc<Supervisor>,
-    /// What the tray menu shows now, so it is rebuilt only when something changed.
+    /// What the tray menu shows now (as JSON), so it is rebuilt only when something changed.
     shown: Mutex<String>,
 }
 
@@ -42,70 +42,44 @@ fn show_window(app: &AppHandle, label: &str) {
     }
 }
 
-fn status_line(status: &Status) -> String {
-    match status.phase {
-        Phase::Running => status.loading.as_ref().map_or_else(|| status.message.clone(), |m| format!("Loading {m}…")),
-        _ => status.message.clone(),
-    }
-}
-
-/// The tray menu: status, models (checked: the default one), windows, API URL, quit.
-fn build_menu(app: &AppHandle, key: &mut String) -> tauri::Result<Menu<tauri::Wry>> {
-    let shell = app.state::<Shell>();
-    let status = shell.sup.status();
-    let settings = shell.sup.settings();
-    let models = settings.as_ref().map(|s| s.catalog().list()).unwrap_or_default();
-    let default = settings.as_ref().map(|s| s.default_model.clone()).unwrap_or_default();
-    let rate = tauri::async_runtime::block_on(async {
-        let app = shell.sup.app().await?;
-        let last = app.last_request.lock().ok()?.clone()?;
-        Some(format!(" · {:.1} tok/s", last.get("decode_tok_s")?.as_f64()?))
-    });
-    let memory = tauri::async_runtime::block_on(shell.sup.app()).and_then(|_| mlx_memory()).map(|b| format!(" · {:.0} MB", b as f64 / 1e6)).unwrap_or_default();
-    let mut line = format!("{}{}{}", status_line(&status), rate.unwrap_or_default(), memory);
-    if let Some(e) = &status.config_error {
-        line = format!("Settings problem: {}", e.message);
-    }
-    *key = format!("{line}|{default}|{:?}|{}", status.loading, models.iter().map(|m| m.id.as_str()).collect::<Vec<_>>().join(","));
-    let menu = Menu::new(app)?;
-    menu.append(&MenuItem::with_id(app, "status", line, false, None::<&str>)?)?;
-    menu.append(&PredefinedMenuItem::separator(app)?)?;
-    for m in &models {
-        let loading = status.loading.as_deref() == Some(m.id.as_str());
-        let text = if loading { format!("{} (loading…)", m.id) } else { m.id.clone() };
-        menu.append(&CheckMenuItem::with_id(app, format!("model:{}", m.id), text, true, m.id == default, None::<&str>)?)?;
-    }
-    if models.is_empty() {
-        menu.append(&MenuItem::with_id(app, "no-models", "No models installed", false, None::<&str>)?)?;
-    }
-    menu.append(&PredefinedMenuItem::separator(app)?)?;
-    menu.append(&MenuItem::with_id(app, "chat", "Open Chat", true, None::<&str>)?)?;
-    menu.append(&MenuItem::with_id(app, "settings", "Settings…", true, None::<&str>)?)?;
-    menu.append(&MenuItem::with_id(app, "copy-url", format!("Copy API URL ({}/v1)", status.url), true, None::<&str>)?)?;
-    menu.append(&PredefinedMenuItem::separator(app)?)?;
-    menu.append(&MenuItem::with_id(app, "quit", "Quit Perch", true, None::<&str>)?)?;
-    Ok(menu)
-}
-
-fn mlx_memory() -> Option<u64> {
-    perch_engine::server::active_memory_bytes()
-}
-
+/// Draw the engine's `TrayMenu`: status, models (checked: the default one), windows, API URL,
+/// quit. Rebuilt only when what it shows changed.
 fn refresh_tray(app: &AppHandle) {
-    let mut key = String::new();
-    let menu = match build_menu(app, &mut key) {
-        Ok(m) => m,
-        Err(e) => return tracing::warn!("tray menu: {e}"),
-    };
     let shell = app.state::<Shell>();
-    let mut shown = shell.shown.lock().unwrap_or_else(|e| e.into_inner());
-    if *shown == key {
-        return;
+    let model = tauri::async_runtime::block_on(shell.sup.tray_menu());
+    let key = serde_json::to_string(&model).unwrap_or_default();
+    {
+        let mut shown = shell.shown.lock().unwrap_or_else(|e| e.into_inner());
+        if *shown == key {
+            return;
+        }
+        *shown = key;
     }
-    *shown = key;
-    if let Some(tray) = app.tray_by_id(TRAY_ID) {
-        let _ = tray.set_menu(Some(menu));
-        let _ = tray.set_tooltip(Some(format!("Perch — {}", shell.sup.status().message)));
+    let build = || -> tauri::Result<Menu<tauri::Wry>> {
+        let menu = Menu::new(app)?;
+        menu.append(&MenuItem::with_id(app, "status", &model.status_line, false, None::<&str>)?)?;
+        menu.append(&PredefinedMenuItem::separator(app)?)?;
+        for m in &model.models {
+            menu.append(&CheckMenuItem::with_id(app, format!("model:{}", m.id), &m.label, true, m.checked, None::<&str>)?)?;
+        }
+        if model.models.is_empty() {
+            menu.append(&MenuItem::with_id(app, "no-models", "No models installed", false, None::<&str>)?)?;
+        }
+        menu.append(&PredefinedMenuItem::separator(app)?)?;
+        menu.append(&MenuItem::with_id(app, "chat", "Open Chat", true, None::<&str>)?)?;
+        menu.append(&MenuItem::with_id(app, "settings", "Settings…", true, None::<&str>)?)?;
+        menu.append(&MenuItem::with_id(app, "copy-url", format!("Copy API URL ({})", model.api_url), true, None::<&str>)?)?;
+        menu.append(&PredefinedMenuItem::separator(app)?)?;
+        menu.append(&MenuItem::with_id(app, "quit", "Quit Perch", true, None::<&str>)?)?;
+        Ok(menu)
+    };
+    match (build(), app.tray_by_id(TRAY_ID)) {
+        (Ok(menu), Some(tray)) => {
+            let _ = tray.set_menu(Some(menu));
+            let _ = tray.set_tooltip(Some(format!("Perch — {}", model.status_line)));
+        }
+        (Err(e), _) => tracing::warn!("tray menu: {e}"),
+        (Ok(_), None) => {}
     }
 }
 

@@ -5,7 +5,10 @@
 //! restart (sampling defaults, the default model, launch at login) apply live.
 
 mod control;
+mod menu;
 mod watch;
+
+pub use menu::{TrayMenu, TrayModel};
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
