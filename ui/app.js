@@ -239,6 +239,12 @@ async function send(text) {
   renderChat();
   const el = $("#messages").lastElementChild;
   const body = el.querySelector(".body");
+  // A model that is not loaded yet takes a while before its first token: say so.
+  const option = $("#model").selectedOptions[0];
+  if (option && !option.textContent.endsWith("(loaded)")) {
+    body.textContent = `Loading ${c.model}…`;
+    body.classList.add("loading");
+  }
   const history = c.messages.slice(0, -1).filter((m) => !m.error).map((m) => ({ role: m.role, content: m.content }));
   if (c.system.trim()) history.unshift({ role: "system", content: c.system });
   inFlight = new AbortController();
@@ -277,7 +283,10 @@ async function send(text) {
         if (chunk.usage) usage = chunk.usage;
         const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
         if (delta && delta.content) {
-          if (firstAt === null) firstAt = performance.now();
+          if (firstAt === null) {
+            firstAt = performance.now();
+            body.classList.remove("loading");
+          }
           answer.content += delta.content;
           body.innerHTML = renderMarkdown(answer.content);
           $("#messages").scrollTop = $("#messages").scrollHeight;
@@ -394,6 +403,8 @@ async function act(fn) {
   loadModelChoices();
 }
 
+const refreshedFor = new Set(); // finished downloads the model list already shows
+
 async function pollDownloads() {
   if ($("#view-models").hidden) return;
   try {
@@ -423,7 +434,12 @@ async function pollDownloads() {
       return li;
     });
     $("#downloads").replaceChildren(...items);
-    if (list.data.some((d) => d.state === "done" && !d.seen)) loadModels();
+    const done = list.data.filter((d) => d.state === "done" && !refreshedFor.has(d.id));
+    if (done.length) {
+      done.forEach((d) => refreshedFor.add(d.id));
+      loadModels();
+      loadModelChoices();
+    }
   } catch {}
 }
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use perch_engine::model::{self, list_installed};
+use perch_engine::model;
 use perch_engine::paths::{models_dir, DEFAULT_MODEL_ID};
 use perch_engine::tokenizer::ChatMessage;
 use perch_engine::{bench, generate, GenerateParams, SamplingParams};
@@ -279,7 +279,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             })?;
         }
         Command::Models { json } => {
-            let models = list_installed(&dir);
+            // Installed models and, in place, the Hugging Face cache's.
+            let models = perch_engine::catalog::Catalog { models_dir: dir.clone(), hf_cache: perch_engine::catalog::hf_cache_dir() }.list();
             if json {
                 println!("{}", serde_json::to_string_pretty(&models)?);
             } else if models.is_empty() {
@@ -287,12 +288,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 for m in models {
                     println!(
-                        "{:<32} {:<8} {:>8.1} MB  ctx {:<7} {}",
+                        "{:<32} {:<8} {:>8.1} MB  ctx {:<7} {:<10} {}",
                         m.id,
                         m.architecture,
                         m.size_bytes as f64 / 1e6,
                         m.context_length.map(|c| c.to_string()).unwrap_or_else(|| "?".into()),
-                        m.quantization.unwrap_or_default()
+                        m.format,
+                        if m.source == perch_engine::catalog::Source::HfCache { "(Hugging Face cache)" } else { "" }
                     );
                 }
             }

@@ -5,119 +5,13 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
-use axum::extract::{Path as UrlPath, State};
-use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
+use common::hub::{hub, REPO};
 use common::*;
 use perch_engine::download::{Downloads, JobView, State as JobState};
-use serde_json::json;
-
-const REPO: &str = "perch-test/tiny-qwen3";
-const SHA: &str = "0123456789abcdef0123456789abcdef01234567";
-
-#[derive(Default)]
-struct Hub {
-    files: HashMap<String, Vec<u8>>,
-    /// Bodies stop after this many bytes (then the connection drops), for this many responses.
-    cut_at: AtomicU64,
-    cuts_left: AtomicU64,
-    /// Sleep per 16 KiB chunk, in ms (for cancelling mid-file).
-    slow_ms: AtomicU64,
-    ranges: Mutex<Vec<String>>,
-    requests: AtomicU64,
-}
-
-fn etag(file: &str) -> String {
-    format!("\"etag-{file}\"")
-}
-
-async fn listing(State(hub): State<Arc<Hub>>, UrlPath((org, name, _rev)): UrlPath<(String, String, String)>) -> Response {
-    if format!("{org}/{name}") != REPO {
-        return (StatusCode::NOT_FOUND, Json(json!({"error": "Repository not found"}))).into_response();
-    }
-    let mut siblings: Vec<_> = hub.files.iter().map(|(f, b)| json!({"rfilename": f, "size": b.len()})).collect();
-    siblings.push(json!({"rfilename": "README.md", "size": 5}));
-    Json(json!({"id": REPO, "sha": SHA, "siblings": siblings})).into_response()
-}
-
-async fn resolve(State(hub): State<Arc<Hub>>, UrlPath((org, name, rev, file)): UrlPath<(String, String, String, String)>, headers: HeaderMap) -> Response {
-    hub.requests.fetch_add(1, Ordering::Relaxed);
-    let Some(bytes) = hub.files.get(&file).filter(|_| format!("{org}/{name}") == REPO && rev == SHA) else {
-        return StatusCode::NOT_FOUND.into_response();
-    };
-    let tag = etag(&file);
-    let mut start = 0usize;
-    let mut status = StatusCode::OK;
-    if let Some(range) = headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
-        hub.ranges.lock().unwrap().push(format!("{file} {range}"));
-        let if_range_ok = headers.get(header::IF_RANGE).and_then(|v| v.to_str().ok()) == Some(tag.as_str());
-        if if_range_ok {
-            start = range.trim_start_matches("bytes=").trim_end_matches('-').parse().unwrap();
-            status = StatusCode::PARTIAL_CONTENT;
-        }
-    }
-    let body: Vec<u8> = bytes[start..].to_vec();
-    let len = body.len();
-    let cut = if hub.cuts_left.load(Ordering::Relaxed) > 0 && file.ends_with(".safetensors") {
-        hub.cuts_left.fetch_sub(1, Ordering::Relaxed);
-        Some(hub.cut_at.load(Ordering::Relaxed) as usize)
-    } else {
-        None
-    };
-    let slow = hub.slow_ms.load(Ordering::Relaxed);
-    // Flush what was sent before a cut, as a real connection dropping mid-body would have.
-    let slow = if cut.is_some() { slow.max(2) } else { slow };
-    let stream = async_stream(body, cut, slow);
-    let mut r = Response::builder().status(status).header(header::ETAG, tag).header(header::CONTENT_LENGTH, len);
-    if status == StatusCode::PARTIAL_CONTENT {
-        r = r.header(header::CONTENT_RANGE, format!("bytes {start}-{}/{}", bytes.len() - 1, bytes.len()));
-    }
-    r.body(Body::from_stream(stream)).unwrap()
-}
-
-/// The body in 16 KiB chunks; with `cut`, an error after that many bytes drops the connection.
-fn async_stream(body: Vec<u8>, cut: Option<usize>, slow_ms: u64) -> impl futures_util::Stream<Item = Result<Vec<u8>, std::io::Error>> {
-    let chunks: Vec<Vec<u8>> = body.chunks(16 << 10).map(|c| c.to_vec()).collect();
-    futures_util::stream::unfold((chunks.into_iter(), 0usize), move |(mut it, sent)| async move {
-        if slow_ms > 0 {
-            tokio::time::sleep(Duration::from_millis(slow_ms)).await;
-        }
-        if cut.is_some_and(|c| sent >= c) {
-            return Some((Err(std::io::Error::other("cut")), (it, usize::MAX)));
-        }
-        if sent == usize::MAX {
-            return None;
-        }
-        let c = it.next()?;
-        let n = c.len();
-        Some((Ok(c), (it, sent + n)))
-    })
-}
-
-async fn hub() -> (Arc<Hub>, String) {
-    let mut files = HashMap::new();
-    for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
-        files.insert(f.to_string(), std::fs::read(fixture_dir("qwen3").join(f)).unwrap());
-    }
-    let hub = Arc::new(Hub { files, ..Default::default() });
-    let app = Router::new()
-        .route("/api/models/{org}/{name}/revision/{rev}", get(listing))
-        .route("/{org}/{name}/resolve/{rev}/{*file}", get(resolve))
-        .with_state(hub.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (hub, url)
-}
 
 async fn finish(d: &Downloads, id: u64) -> JobView {
     let t = Instant::now();

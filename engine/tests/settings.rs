@@ -261,3 +261,23 @@ async fn an_invalid_file_at_start_serves_the_ui_and_says_why() {
     assert_eq!((code, &e["error"]["code"]), (503, &json!("engine_restarting")), "{e}");
     sup.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gguf_imported_through_the_api_becomes_an_installed_model() {
+    let Some(gguf) = gemma_gguf() else { return };
+    let s = setup();
+    let sup = running(&s).await;
+    let url = sup.url();
+    let (code, e) = send(reqwest::Method::POST, &format!("{url}/api/models/import"), json!({"path": "/nonexistent/model.gguf"})).await;
+    assert_eq!((code, &e["error"]["param"]), (400, &json!("path")), "{e}");
+    let (code, e) = send(reqwest::Method::POST, &format!("{url}/api/models/import"), json!({})).await;
+    assert_eq!((code, &e["error"]["param"]), (400, &json!("path")), "{e}");
+    let (code, r) = send(reqwest::Method::POST, &format!("{url}/api/models/import"), json!({"path": gguf, "name": "gemma-imported"})).await;
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["id"], "gemma-imported");
+    let (_, list) = get(&format!("{url}/api/models")).await;
+    let m = list["data"].as_array().unwrap().iter().find(|m| m["id"] == "gemma-imported").cloned().expect("listed");
+    assert_eq!((m["architecture"].as_str(), m["source"].as_str()), (Some("gemma3_text"), Some("installed")), "{m}");
+    assert!(m["size_bytes"].as_u64().unwrap() > 100_000_000, "{m}");
+    sup.shutdown().await;
+}

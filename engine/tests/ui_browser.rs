@@ -1,6 +1,7 @@
 //! The UI in a real browser: the engine serves `ui/` from a settings file with fixture models,
 //! and `tests/ui/browser.mjs` drives Debian's chromium through playwright-core (chat,
-//! streaming, stop, reload, settings restart, invalid settings, models page). Screenshots go
+//! streaming, stop, reload, settings restart, invalid settings, models page, a Hugging Face
+//! cache model, downloads from a loopback hub with progress and cancel). Screenshots go
 //! to `target/test-artifacts/ui/`. Needs `scripts/setup-ui` (run by `scripts/test`).
 
 mod common;
@@ -16,6 +17,7 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+#[cfg(unix)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_ui_chats_stops_remembers_and_restarts_the_engine_in_chromium() {
     std::env::set_var("PERCH_DTYPE", "f32");
@@ -32,10 +34,30 @@ async fn the_ui_chats_stops_remembers_and_restarts_the_engine_in_chromium() {
         }
         std::io::Result::Ok(())
     }).unwrap();
+    // A Hugging Face cache holding one MLX model, offered in place.
+    let cache = tmp.path().join("hf-hub");
+    let repo = cache.join("models--perch-test--cached-qwen3");
+    let snapshot = repo.join("snapshots/abc");
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("blobs")).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "abc").unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+        let blob = repo.join("blobs").join(f);
+        std::fs::copy(fixture_dir("qwen3").join(f), &blob).unwrap();
+        std::os::unix::fs::symlink(&blob, snapshot.join(f)).unwrap();
+    }
+    std::env::set_var("HF_HUB_CACHE", &cache);
+    // The hub, on loopback and slowed down so a download can be cancelled from the page.
+    let (hub, hub_url) = hub::hub().await;
+    hub.slow_ms.store(25, std::sync::atomic::Ordering::Relaxed);
     let config = tmp.path().join("perch.toml");
     std::fs::write(
         &config,
-        format!("models_dir = \"{}\"\ndefault_model = \"chat\"\nport = 0\nwarmup_profile = \"off\"\nload_warmup = false\nscan_hf_cache = false\ndraft = \"none\"\n", models.display()),
+        format!(
+            "models_dir = \"{}\"\ndefault_model = \"chat\"\nport = 0\nwarmup_profile = \"off\"\nload_warmup = false\nscan_hf_cache = true\ndraft = \"none\"\nhub_endpoint = \"{hub_url}\"\n",
+            models.display()
+        ),
     )
     .unwrap();
     let sup = Supervisor::start(&config, None).await.unwrap();

@@ -141,8 +141,44 @@ try {
   await page.locator("#model-table tbody tr").first().waitFor();
   const rows = await page.locator("#model-table tbody tr").allTextContents();
   assert.ok(rows.some((r) => r.includes("chat") && r.includes("MB")), rows.join(" | "));
+  const cached = rows.find((r) => r.includes("perch-test/cached-qwen3"));
+  assert.ok(cached && cached.includes("hf-cache"), `the Hugging Face cache model is offered: ${rows.join(" | ")}`);
   await shot(page, "models.png");
-  step(`models page: ${rows.length} models`);
+  step(`models page: ${rows.length} models, one from the Hugging Face cache`);
+
+  // 9. Downloads: cancel one mid-way, then download it fully; a missing repo fails clearly.
+  await page.fill("#download-repo", "perch-test/tiny-qwen3");
+  await page.click("#download-form button");
+  const dl = page.locator("#downloads li").last();
+  await page.waitForFunction(() => {
+    const li = [...document.querySelectorAll("#downloads li")].pop();
+    return li && /running [1-9]\d*%/.test(li.textContent);
+  }, null, { timeout: 30000 });
+  await shot(page, "download-progress.png");
+  await dl.locator("button", { hasText: "Cancel" }).click();
+  await page.locator("#downloads li", { hasText: "cancelled" }).waitFor({ timeout: 30000 });
+  step("a download showed its progress and was cancelled");
+  await page.fill("#download-repo", "perch-test/tiny-qwen3");
+  await page.click("#download-form button");
+  await page.locator("#downloads li", { hasText: "done" }).waitFor({ timeout: 60000 });
+  await page.locator("#model-table tbody tr", { hasText: "tiny-qwen3" }).first().waitFor({ timeout: 10000 });
+  await page.fill("#download-repo", "perch-test/no-such-model");
+  await page.click("#download-form button");
+  await page.locator("#downloads li", { hasText: "was not found" }).waitFor({ timeout: 30000 });
+  await shot(page, "downloads.png");
+  step("downloaded a model from the hub; a missing repo says so");
+
+  // 10. Chat with the cached model, loaded in place.
+  await page.goto(`${url}/#chat`);
+  await waitRunning();
+  await page.click("#new-chat");
+  await page.selectOption("#model", "perch-test/cached-qwen3");
+  await page.fill("#prompt", "Hi");
+  await page.press("#prompt", "Enter");
+  await page.locator(".msg.assistant").last().locator(".stats").waitFor({ timeout: 60000 });
+  assert.match(await page.locator(".msg.assistant").last().locator(".stats").textContent(), /tokens/);
+  assert.equal((await health()).model.id, "perch-test/cached-qwen3");
+  step("chatted with the Hugging Face cache model");
 
   assert.deepEqual(errors, [], "no script errors");
   console.log("[ui] all browser checks passed");

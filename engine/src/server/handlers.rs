@@ -35,11 +35,15 @@ fn model_entry(id: &str, context_length: Option<u64>, architecture: &str, loaded
 
 fn model_list(app: &App) -> Vec<Value> {
     let resident = app.engine.resident_snapshot();
-    let mut out: Vec<Value> = crate::model::list_installed(&app.engine.config.models_dir)
+    let mut out: Vec<Value> = app
+        .engine
+        .config
+        .catalog()
+        .list()
         .into_iter()
         .map(|m| model_entry(&m.id, m.context_length, &m.architecture, resident.iter().any(|r| r.id == m.id)))
         .collect();
-    // A model served from a directory outside the models directory.
+    // A model served from a directory outside the catalog.
     for r in resident {
         if !out.iter().any(|m| m["id"] == r.id.as_str()) {
             out.insert(0, model_entry(&r.id, Some(r.context_length as u64), &r.architecture, true));

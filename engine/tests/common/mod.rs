@@ -1,6 +1,8 @@
 //! Helpers shared by the engine's integration tests: the fixture models and their goldens.
 #![allow(dead_code)]
 
+pub mod hub;
+
 use std::path::PathBuf;
 
 use mlx_rs::Array;
