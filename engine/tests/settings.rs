@@ -100,7 +100,7 @@ async fn hand_edits_restart_the_engine_and_invalid_ones_keep_it_serving() {
     assert_eq!(get(&format!("{url}/health")).await.1["draft"], "lookup");
     let (_, cfg) = get(&format!("{url}/api/config")).await;
     assert_eq!(cfg["error"]["field"], "draft", "{cfg}");
-    let menu = sup.tray_menu().await;
+    let menu = sup.tray_menu();
     assert!(menu.status_line.starts_with("Settings problem: `draft`"), "the tray says so too: {menu:?}");
 
     // Broken TOML too.
@@ -148,6 +148,11 @@ async fn a_restart_lets_the_request_in_flight_finish_and_answers_others_with_a_c
     assert_eq!(r.headers()["retry-after"], "1");
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["error"]["code"], "engine_restarting", "{e}");
+    // The status the UI and tray poll answers at once during the restart.
+    let t = Instant::now();
+    let (code, st) = get(&format!("{url}/api/status")).await;
+    assert_eq!((code, st["phase"].as_str()), (200, Some("restarting")), "{st}");
+    assert!(t.elapsed() < Duration::from_millis(500), "status took {:?}", t.elapsed());
     let text = reader.await.unwrap();
     assert!(text.contains("\"finish_reason\":\"length\"") || text.contains("\"finish_reason\":\"stop\""), "the stream ran to its end: {}", &text[text.len().saturating_sub(300)..]);
     assert!(text.trim_end().ends_with("data: [DONE]"));
@@ -195,7 +200,7 @@ async fn the_settings_api_checks_fields_and_applies_live_ones_without_a_restart(
     let a = chat(&url).await.1["choices"][0]["message"]["content"].clone();
     let b = chat(&url).await.1["choices"][0]["message"]["content"].clone();
     assert_eq!(a, b, "temperature 0 by default: the same answer twice");
-    let line = sup.tray_menu().await.status_line;
+    let line = sup.tray_menu().status_line;
     assert!(line.starts_with("chat · ") && line.contains(" tok/s · ") && line.ends_with(" MB"), "model, last speed, memory: {line}");
     assert!(std::fs::read_to_string(&s.config).unwrap().contains("temperature = 0.0"));
 
@@ -206,7 +211,7 @@ async fn the_settings_api_checks_fields_and_applies_live_ones_without_a_restart(
     let (_, h) = get(&format!("{url}/health")).await;
     assert_eq!(h["model"]["id"], "mtp", "{h}");
     // The tray: both models, the picked one checked; the status line names it.
-    let menu = sup.tray_menu().await;
+    let menu = sup.tray_menu();
     let checks: Vec<(&str, bool)> = menu.models.iter().map(|m| (m.id.as_str(), m.checked)).collect();
     assert_eq!(checks, [("chat", false), ("mtp", true)], "{menu:?}");
     assert!(menu.status_line.starts_with("mtp"), "{menu:?}");

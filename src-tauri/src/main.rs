@@ -46,7 +46,7 @@ fn show_window(app: &AppHandle, label: &str) {
 /// quit. Rebuilt only when what it shows changed.
 fn refresh_tray(app: &AppHandle) {
     let shell = app.state::<Shell>();
-    let model = tauri::async_runtime::block_on(shell.sup.tray_menu());
+    let model = shell.sup.tray_menu();
     let key = serde_json::to_string(&model).unwrap_or_default();
     {
         let mut shown = shell.shown.lock().unwrap_or_else(|e| e.into_inner());

@@ -54,7 +54,7 @@ fn field<'a>(v: &'a Value, name: &str) -> Result<&'a str, ApiError> {
 async fn status(State(sup): S) -> Response {
     let Some(sup) = sup.upgrade() else { return gone().into_response() };
     let mut v = serde_json::to_value(sup.status()).unwrap_or_default();
-    if let Some(app) = sup.app().await {
+    if let Some(app) = sup.app() {
         v["model"] = json!(app.engine.loaded().map(|m| m.id));
         v["foreground"] = serde_json::to_value(app.engine.foreground.snapshot()).unwrap_or_default();
         v["last_request"] = app.last_request.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default();
@@ -99,7 +99,7 @@ async fn models(State(sup): S) -> Response {
     let Some(settings) = sup.settings().or_else(|| Settings::load(sup.config_path()).ok()) else {
         return Json(json!({"data": [], "models_dir": null})).into_response();
     };
-    let loaded = match sup.app().await {
+    let loaded = match sup.app() {
         Some(app) => app.engine.resident_ids(),
         None => vec![],
     };
@@ -144,7 +144,7 @@ async fn delete_model(State(sup): S, Path(id): Path<String>) -> Response {
         // Models in the Hugging Face cache belong to the hub's tools, not to Perch.
         return ApiError::model_not_found(&id).into_response();
     };
-    if let Some(app) = sup.app().await {
+    if let Some(app) = sup.app() {
         if let Err(e) = app.engine.unload(&id).await {
             return ApiError::from(e).into_response();
         }

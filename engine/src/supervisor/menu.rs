@@ -23,7 +23,7 @@ pub struct TrayMenu {
 }
 
 impl Supervisor {
-    pub async fn tray_menu(&self) -> TrayMenu {
+    pub fn tray_menu(&self) -> TrayMenu {
         let status = self.status();
         let settings = self.settings();
         let default = settings.as_ref().map(|s| s.default_model.clone()).unwrap_or_default();
@@ -40,7 +40,7 @@ impl Supervisor {
         let mut line = match (&status.phase, &status.loading) {
             (Phase::Running, Some(id)) => format!("Loading {id}…"),
             (Phase::Running, None) => {
-                let app = self.app().await;
+                let app = self.app();
                 let model = app.as_ref().and_then(|a| a.engine.loaded()).map(|m| m.id).unwrap_or_else(|| "no model".into());
                 let rate = app
                     .as_ref()

@@ -64,6 +64,8 @@ pub struct Supervisor {
     path: PathBuf,
     log_dir: Option<PathBuf>,
     server: tokio::sync::Mutex<Option<Server>>,
+    /// The listener's front, readable without waiting for a restart to finish.
+    front: Mutex<Option<Arc<crate::server::Front>>>,
     /// The settings the engine runs with (None until a valid file has been applied).
     applied: Mutex<Option<Settings>>,
     status: Mutex<Status>,
@@ -103,6 +105,7 @@ impl Supervisor {
             log_dir,
             downloads: Downloads::new(),
             server: tokio::sync::Mutex::new(None),
+            front: Mutex::new(Some(server.front.clone())),
             applied: Mutex::new(None),
             status: Mutex::new(Status { phase: Phase::Starting, message: "Starting the engine".into(), config_error: None, url, config_path: path.to_path_buf(), loading: None, restarts: 0 }),
             changes: tokio::sync::Mutex::new(()),
@@ -156,8 +159,9 @@ impl Supervisor {
         lock(&self.status).url.clone()
     }
 
-    pub async fn app(&self) -> Option<Arc<crate::server::App>> {
-        self.server.lock().await.as_ref().and_then(|s| s.app())
+    /// The engine being served now (None while restarting or failed). Never waits.
+    pub fn app(&self) -> Option<Arc<crate::server::App>> {
+        lock(&self.front).as_ref().and_then(|f| f.app())
     }
 
     fn set(&self, f: impl FnOnce(&mut Status)) {
@@ -220,7 +224,7 @@ impl Supervisor {
     }
 
     async fn apply_live(&self, old: &Settings, new: Settings) {
-        let app = self.app().await;
+        let app = self.app();
         if let Some(app) = &app {
             *lock(&app.sampling) = new.sampling;
         }
@@ -277,6 +281,7 @@ impl Supervisor {
         }
         if let Some(new_server) = moved {
             let old_server = std::mem::replace(server, new_server);
+            *lock(&self.front) = Some(server.front.clone());
             old_server.shutdown().await;
             let url = server.url();
             self.set(|s| s.url = url);
