@@ -427,7 +427,8 @@ async function pollDownloads() {
       }
       if (d.state === "failed") {
         const retry = document.createElement("button");
-        retry.textContent = "Resume";
+        retry.textContent = "Retry";
+        retry.title = "Starts again, resuming from the parts already downloaded";
         retry.onclick = () => act(() => api("/api/downloads", { method: "POST", body: { repo: d.repo } }));
         li.append(retry);
       }

@@ -20,8 +20,18 @@ const TRAY_ID: &str = "main";
 
 struct Shell {
     sup: Arc<Supervisor>,
-    /// What the tray menu shows now (as JSON), so it is rebuilt only when something changed.
-    shown: Mutex<String>,
+    shown: Mutex<ShownMenu>,
+    /// The launch-at-login setting last applied.
+    autostart: Mutex<Option<bool>>,
+}
+
+/// What the tray menu shows now.
+#[derive(Default)]
+struct ShownMenu {
+    /// The models and API URL, as JSON: the menu is rebuilt when they change.
+    structure: String,
+    status_line: String,
+    status_item: Option<MenuItem<tauri::Wry>>,
 }
 
 /// Open (or bring forward) the chat or settings window. Windows load the engine's UI from its
@@ -43,21 +53,29 @@ fn show_window(app: &AppHandle, label: &str) {
 }
 
 /// Draw the engine's `TrayMenu`: status, models (checked: the default one), windows, API URL,
-/// quit. Rebuilt only when what it shows changed.
+/// quit. The menu is rebuilt only when its items change; the status line is updated in place
+/// (rebuilding a menu that is open would close it under the user's pointer).
 fn refresh_tray(app: &AppHandle) {
     let shell = app.state::<Shell>();
     let model = shell.sup.tray_menu();
-    let key = serde_json::to_string(&model).unwrap_or_default();
-    {
-        let mut shown = shell.shown.lock().unwrap_or_else(|e| e.into_inner());
-        if *shown == key {
-            return;
+    let structure = serde_json::to_string(&(&model.models, &model.api_url)).unwrap_or_default();
+    let mut shown = shell.shown.lock().unwrap_or_else(|e| e.into_inner());
+    if shown.structure == structure {
+        if shown.status_line != model.status_line {
+            if let Some(item) = &shown.status_item {
+                let _ = item.set_text(&model.status_line);
+            }
+            if let Some(tray) = app.tray_by_id(TRAY_ID) {
+                let _ = tray.set_tooltip(Some(format!("Perch — {}", model.status_line)));
+            }
+            shown.status_line = model.status_line;
         }
-        *shown = key;
+        return;
     }
-    let build = || -> tauri::Result<Menu<tauri::Wry>> {
+    let build = || -> tauri::Result<(Menu<tauri::Wry>, MenuItem<tauri::Wry>)> {
         let menu = Menu::new(app)?;
-        menu.append(&MenuItem::with_id(app, "status", &model.status_line, false, None::<&str>)?)?;
+        let status = MenuItem::with_id(app, "status", &model.status_line, false, None::<&str>)?;
+        menu.append(&status)?;
         menu.append(&PredefinedMenuItem::separator(app)?)?;
         for m in &model.models {
             menu.append(&CheckMenuItem::with_id(app, format!("model:{}", m.id), &m.label, true, m.checked, None::<&str>)?)?;
@@ -71,12 +89,15 @@ fn refresh_tray(app: &AppHandle) {
         menu.append(&MenuItem::with_id(app, "copy-url", format!("Copy API URL ({})", model.api_url), true, None::<&str>)?)?;
         menu.append(&PredefinedMenuItem::separator(app)?)?;
         menu.append(&MenuItem::with_id(app, "quit", "Quit Perch", true, None::<&str>)?)?;
-        Ok(menu)
+        Ok((menu, status))
     };
     match (build(), app.tray_by_id(TRAY_ID)) {
-        (Ok(menu), Some(tray)) => {
-            let _ = tray.set_menu(Some(menu));
+        (Ok((menu, status)), Some(tray)) => {
+            if let Err(e) = tray.set_menu(Some(menu)) {
+                return tracing::warn!("tray menu: {e}");
+            }
             let _ = tray.set_tooltip(Some(format!("Perch — {}", model.status_line)));
+            *shown = ShownMenu { structure, status_line: model.status_line, status_item: Some(status) };
         }
         (Err(e), _) => tracing::warn!("tray menu: {e}"),
         (Ok(_), None) => {}
@@ -105,7 +126,7 @@ fn on_menu(app: &AppHandle, id: &str) {
                     if let Err(e) = sup.select_model(&model).await {
                         tracing::warn!("cannot select {model}: {e}");
                     }
-                    app.state::<Shell>().shown.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                    app.state::<Shell>().shown.lock().unwrap_or_else(|e| e.into_inner()).structure.clear();
                 });
             }
         }
@@ -115,6 +136,12 @@ fn on_menu(app: &AppHandle, id: &str) {
 /// Keep "launch at login" in step with the settings.
 fn apply_autostart(app: &AppHandle, settings: Option<&Settings>) {
     let Some(want) = settings.map(|s| s.launch_at_login) else { return };
+    let shell = app.state::<Shell>();
+    let mut applied = shell.autostart.lock().unwrap_or_else(|e| e.into_inner());
+    if *applied == Some(want) {
+        return;
+    }
+    *applied = Some(want);
     let auto = app.autolaunch();
     if auto.is_enabled().unwrap_or(!want) != want {
         let r = if want { auto.enable() } else { auto.disable() };
@@ -138,7 +165,7 @@ fn main() {
             let sup = tauri::async_runtime::block_on(Supervisor::start(&path, Some(perch_engine::paths::log_dir())))?;
             sup.watch()?;
             tracing::info!(config = %path.display(), url = %sup.url(), "Perch started");
-            app.manage(Shell { sup, shown: Mutex::new(String::new()) });
+            app.manage(Shell { sup, shown: Mutex::new(ShownMenu::default()), autostart: Mutex::new(None) });
             let handle = app.handle().clone();
             app.on_menu_event(move |app, event| on_menu(app, event.id().as_ref()));
             if let Some(tray) = app.tray_by_id(TRAY_ID) {
@@ -147,7 +174,7 @@ fn main() {
             refresh_tray(&handle);
             // The status line and model list follow the engine.
             std::thread::spawn(move || loop {
-                std::thread::sleep(Duration::from_secs(1));
+                std::thread::sleep(Duration::from_millis(250));
                 let h = handle.clone();
                 let _ = handle.run_on_main_thread(move || {
                     refresh_tray(&h);

@@ -47,7 +47,7 @@ impl Supervisor {
                     .and_then(|a| a.last_request.lock().ok()?.as_ref()?.get("decode_tok_s")?.as_f64())
                     .map(|r| format!(" · {r:.1} tok/s"))
                     .unwrap_or_default();
-                let memory = crate::server::active_memory_bytes().map(|b| format!(" · {:.0} MB", b as f64 / 1e6)).unwrap_or_default();
+                let memory = crate::server::active_memory_bytes().map(|b| format!(" · {}", human_bytes(b))).unwrap_or_default();
                 format!("{model}{rate}{memory}")
             }
             _ => status.message.clone(),
@@ -56,5 +56,13 @@ impl Supervisor {
             line = format!("Settings problem: {}", problem.message);
         }
         TrayMenu { status_line: line, models, api_url: format!("{}/v1", status.url) }
+    }
+}
+
+fn human_bytes(b: u64) -> String {
+    match b as f64 {
+        x if x >= 1e9 => format!("{:.1} GB", x / 1e9),
+        x if x >= 10e6 => format!("{:.0} MB", x / 1e6),
+        x => format!("{:.1} MB", x / 1e6),
     }
 }
