@@ -506,6 +506,11 @@ $("#settings-form").addEventListener("submit", async (ev) => {
   try {
     const r = await api("/api/config", { method: "PUT", body: read() });
     progress.textContent = r.restarted ? "Saved. The engine restarted with the new settings." : "Saved. Applied without a restart.";
+    // A new port: this page's origin is gone; follow the engine.
+    if (r.status && r.status.url && r.status.url !== location.origin) {
+      location.href = `${r.status.url}/#settings`;
+      return;
+    }
     await pollStatus();
     loadModelChoices();
   } catch (e) {

@@ -133,6 +133,21 @@ fn on_menu(app: &AppHandle, id: &str) {
     }
 }
 
+/// After a port change, point the open windows at the engine's new address.
+fn follow_port(app: &AppHandle) {
+    let url = app.state::<Shell>().sup.url();
+    for w in app.webview_windows().values() {
+        let Ok(current) = w.url() else { continue };
+        if current.as_str().starts_with(&url) || current.scheme() != "http" {
+            continue;
+        }
+        let hash = current.fragment().map(|f| format!("#{f}")).unwrap_or_default();
+        if let Ok(to) = format!("{url}/{hash}").parse() {
+            let _ = w.navigate(to);
+        }
+    }
+}
+
 /// Keep "launch at login" in step with the settings.
 fn apply_autostart(app: &AppHandle, settings: Option<&Settings>) {
     let Some(want) = settings.map(|s| s.launch_at_login) else { return };
@@ -178,6 +193,7 @@ fn main() {
                 let h = handle.clone();
                 let _ = handle.run_on_main_thread(move || {
                     refresh_tray(&h);
+                    follow_port(&h);
                     apply_autostart(&h, h.state::<Shell>().sup.settings().as_ref());
                 });
             });

@@ -5,6 +5,7 @@ import { chromium } from "playwright-core";
 import fs from "node:fs";
 import path from "node:path";
 import assert from "node:assert/strict";
+import net from "node:net";
 
 const [url, configFile, artifacts] = process.argv.slice(2);
 fs.mkdirSync(artifacts, { recursive: true });
@@ -179,6 +180,23 @@ try {
   assert.match(await page.locator(".msg.assistant").last().locator(".stats").textContent(), /tokens/);
   assert.equal((await health()).model.id, "perch-test/cached-qwen3");
   step("chatted with the Hugging Face cache model");
+
+  // 11. A new port from the settings page: the page follows the engine there.
+  const free = await new Promise((resolve) => {
+    const srv = net.createServer().listen(0, "127.0.0.1", () => {
+      const p = srv.address().port;
+      srv.close(() => resolve(p));
+    });
+  });
+  await page.goto(`${url}/#settings`);
+  await page.waitForFunction(() => document.querySelector("#config-path").textContent.length > 0);
+  await page.fill("input[name=port]", String(free));
+  await page.click("#save-settings");
+  await page.waitForURL(`http://127.0.0.1:${free}/#settings`, { timeout: 30000 });
+  await waitRunning();
+  assert.equal((await health()).status, "ok");
+  await shot(page, "settings-new-port.png");
+  step(`moved to port ${free}; the page followed`);
 
   assert.deepEqual(errors, [], "no script errors");
   console.log("[ui] all browser checks passed");

@@ -282,7 +282,9 @@ impl Supervisor {
         if let Some(new_server) = moved {
             let old_server = std::mem::replace(server, new_server);
             *lock(&self.front) = Some(server.front.clone());
-            old_server.shutdown().await;
+            // In the background: the request that asked for this move is still on the old
+            // listener, and its graceful shutdown would wait for it.
+            tokio::spawn(old_server.shutdown());
             let url = server.url();
             self.set(|s| s.url = url);
         }
