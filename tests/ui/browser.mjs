@@ -35,6 +35,17 @@ try {
   await waitRunning();
   step("the page loaded and the engine runs");
 
+  // 0. Answers render as markdown, safely: code blocks keep their text, HTML stays text.
+  const md = await page.evaluate(() =>
+    renderMarkdown("# Title\n```js\nlet a = '<b>x</b>';\n```\n**bold** and `code <i>` and [ok](https://example.com) [bad](javascript:alert(1))\n- one\n- two"),
+  );
+  assert.ok(md.includes('<pre data-lang="js"><code>let a = &#39;&lt;b&gt;x&lt;/b&gt;&#39;;</code></pre>'), md);
+  assert.ok(md.includes("<strong>bold</strong>") && md.includes("<code>code &lt;i&gt;</code>"), md);
+  assert.ok(md.includes('<a href="https://example.com" target="_blank" rel="noopener noreferrer">ok</a>'), md);
+  assert.ok(!md.includes('href="javascript'), `no script links: ${md}`);
+  assert.ok(md.includes("<ul><li>one</li><li>two</li></ul>") && md.includes("<h3>Title</h3>"), md);
+  step("markdown renders code, emphasis, links and lists, and keeps HTML as text");
+
   // 1. A chat answer streams in, and the token rate shows after it.
   await page.fill("#prompt", "Hello there");
   await page.press("#prompt", "Enter");
