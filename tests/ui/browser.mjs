@@ -9,6 +9,7 @@ import net from "node:net";
 
 const [url, configFile, artifacts] = process.argv.slice(2);
 fs.mkdirSync(artifacts, { recursive: true });
+fs.rmSync(path.join(artifacts, "failure.png"), { force: true }); // from an earlier run
 const shot = (page, name) => page.screenshot({ path: path.join(artifacts, name), fullPage: true });
 const step = (s) => console.log(`[ui] ${s}`);
 
