@@ -169,6 +169,10 @@ impl Engine {
                         tracing::error!("a task on the MLX thread panicked");
                     }
                 }
+                // The engine is gone (a restart, or shutdown): give its models' memory back
+                // rather than leave it in MLX's buffer cache.
+                drop(worker);
+                release_freed_memory();
             })
             .map_err(|e| EngineError::Internal(format!("cannot start the MLX thread: {e}")))?;
         let engine = Engine {
@@ -384,6 +388,7 @@ impl Engine {
             if w.scratch.as_ref().is_some_and(|s| s.model == owned) {
                 w.scratch = None;
             }
+            release_freed_memory();
             Ok(())
         })?;
         rx.await.map_err(|_| EngineError::Internal("unloading failed on the MLX thread".into()))??;
@@ -485,6 +490,18 @@ impl Engine {
             }
         }
         Ok(g)
+    }
+}
+
+/// Hand memory freed by an unloaded model back to the system: MLX keeps freed buffers in its
+/// cache, and glibc keeps freed heap pages in the arena of the thread that used them (each
+/// restarted engine has a new MLX thread, so nothing would reuse them).
+fn release_freed_memory() {
+    let _ = mlx_rs::memory::clear_cache();
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free pages to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
