@@ -22,6 +22,7 @@ pub mod server;
 pub mod speculative;
 pub mod supervisor;
 pub mod tokenizer;
+pub mod train;
 
 pub use error::{EngineError, Result};
 pub use generate::{generate, FinishReason, GenerateParams, Generation};
