@@ -293,3 +293,21 @@ async fn a_gguf_imported_through_the_api_becomes_an_installed_model() {
     assert!(m["size_bytes"].as_u64().unwrap() > 100_000_000, "{m}");
     sup.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_context_length_setting_caps_every_request() {
+    let s = setup();
+    std::fs::write(&s.config, settings_text(&s.models, "draft = \"none\"\ncontext_length = 64")).unwrap();
+    let sup = running(&s).await;
+    let url = sup.url();
+    let long = "word ".repeat(100);
+    let (code, e) = send(reqwest::Method::POST, &format!("{url}/v1/chat/completions"), json!({"model": "chat", "messages": [{"role": "user", "content": long}]})).await;
+    assert_eq!((code, &e["error"]["code"]), (400, &json!("context_length_exceeded")), "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("maximum context length is 64 tokens"), "{e}");
+    // A short prompt may only fill what is left of the 64 tokens.
+    let (code, r) = send(reqwest::Method::POST, &format!("{url}/v1/chat/completions"), json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 500})).await;
+    assert_eq!(code, 200, "{r}");
+    let used = r["usage"]["prompt_tokens"].as_u64().unwrap() + r["usage"]["completion_tokens"].as_u64().unwrap();
+    assert!(used <= 64, "{r}");
+    sup.shutdown().await;
+}

@@ -134,6 +134,9 @@ pub struct Engine {
     /// MLX keeps its streams per thread, so one thread loads every model and runs every
     /// generation; callers hand it tasks.
     worker: Mutex<mpsc::Sender<Task>>,
+    /// Joined on drop, so the models are freed before the engine is gone (and never while
+    /// the process is tearing MLX down).
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Least recently used first.
     resident: Mutex<Vec<Resident>>,
     known: Mutex<HashMap<String, ModelInfo>>,
@@ -158,7 +161,7 @@ impl Engine {
             }
         };
         let (tx, rx) = mpsc::channel::<Task>();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name("perch-mlx".into())
             .spawn(move || {
                 let mut worker = Worker { models: HashMap::new(), scratch: None };
@@ -181,6 +184,7 @@ impl Engine {
             leases: Leases::new(),
             started: Instant::now(),
             worker: Mutex::new(tx),
+            thread: Mutex::new(Some(thread)),
             resident: Mutex::new(Vec::new()),
             known: Mutex::new(HashMap::new()),
             load_lock: tokio::sync::Mutex::new(()),
@@ -490,6 +494,18 @@ impl Engine {
             }
         }
         Ok(g)
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // Closing the channel ends the MLX thread's loop; it frees the models and returns.
+        drop(std::mem::replace(self.worker.get_mut().unwrap_or_else(|e| e.into_inner()), mpsc::channel().0));
+        if let Some(thread) = self.thread.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
+            if thread.thread().id() != std::thread::current().id() {
+                let _ = thread.join();
+            }
+        }
     }
 }
 
