@@ -24,15 +24,8 @@ fn setup() -> Setup {
     std::env::set_var("PERCH_DTYPE", "f32");
     let tmp = tempfile::tempdir().unwrap();
     let models = tmp.path().join("models");
-    std::fs::create_dir_all(&models).unwrap();
     for (name, id) in [("qwen3", "chat"), (MTP_FIXTURE, "mtp")] {
-        let (_t, dir) = copy_fixture(name, id);
-        let to = models.join(id);
-        std::fs::create_dir(&to).unwrap();
-        for f in std::fs::read_dir(&dir).unwrap() {
-            let f = f.unwrap().path();
-            std::fs::copy(&f, to.join(f.file_name().unwrap())).unwrap();
-        }
+        install_fixture(name, &models.join(id));
     }
     let config = tmp.path().join("config/perch.toml");
     std::fs::create_dir_all(config.parent().unwrap()).unwrap();

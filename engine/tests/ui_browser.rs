@@ -23,17 +23,7 @@ async fn the_ui_chats_stops_remembers_and_restarts_the_engine_in_chromium() {
     std::env::set_var("PERCH_DTYPE", "f32");
     let tmp = tempfile::tempdir().unwrap();
     let models = tmp.path().join("models");
-    std::fs::create_dir_all(&models).unwrap();
-    let (_t, dir) = copy_fixture(MTP_FIXTURE, "chat");
-    std::fs::rename(&dir, models.join("chat")).or_else(|_| {
-        // Across filesystems: copy instead.
-        std::fs::create_dir(models.join("chat"))?;
-        for f in std::fs::read_dir(&dir)? {
-            let f = f?.path();
-            std::fs::copy(&f, models.join("chat").join(f.file_name().unwrap()))?;
-        }
-        std::io::Result::Ok(())
-    }).unwrap();
+    install_fixture(MTP_FIXTURE, &models.join("chat"));
     // A Hugging Face cache holding one MLX model, offered in place.
     let cache = tmp.path().join("hf-hub");
     let repo = cache.join("models--perch-test--cached-qwen3");

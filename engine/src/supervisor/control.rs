@@ -43,6 +43,12 @@ fn config_error(e: &ConfigError) -> ApiError {
     }
 }
 
+type Reply = Result<Response, ApiError>;
+
+fn live(sup: Weak<Supervisor>) -> Result<Arc<Supervisor>, ApiError> {
+    sup.upgrade().ok_or_else(gone)
+}
+
 fn body<T: serde::de::DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(bytes).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", format!("Invalid body: {e}")).code("invalid_json"))
 }
@@ -51,21 +57,21 @@ fn field<'a>(v: &'a Value, name: &str) -> Result<&'a str, ApiError> {
     v.get(name).and_then(Value::as_str).filter(|s| !s.is_empty()).ok_or_else(|| ApiError::invalid(name, format!("`{name}` is required (a string)")))
 }
 
-async fn status(State(sup): S) -> Response {
-    let Some(sup) = sup.upgrade() else { return gone().into_response() };
+async fn status(State(sup): S) -> Reply {
+    let sup = live(sup)?;
     let mut v = serde_json::to_value(sup.status()).unwrap_or_default();
     if let Some(app) = sup.app() {
         v["model"] = json!(app.engine.loaded().map(|m| m.id));
         v["foreground"] = serde_json::to_value(app.engine.foreground.snapshot()).unwrap_or_default();
         v["last_request"] = app.last_request.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default();
-        v["memory_bytes"] = json!(mlx_rs::memory::active_memory().ok());
+        v["memory_bytes"] = json!(crate::server::active_memory_bytes());
     }
     v["default_model"] = json!(sup.settings().map(|s| s.default_model));
-    Json(v).into_response()
+    Ok(Json(v).into_response())
 }
 
-async fn get_config(State(sup): S) -> Response {
-    let Some(sup) = sup.upgrade() else { return gone().into_response() };
+async fn get_config(State(sup): S) -> Reply {
+    let sup = live(sup)?;
     // The file as it is now (it may hold a hand edit that was rejected), and what runs.
     let file = Settings::load(sup.config_path());
     let shown = match (&file, sup.settings()) {
@@ -73,36 +79,29 @@ async fn get_config(State(sup): S) -> Response {
         (Err(_), Some(applied)) => applied,
         (Err(_), None) => Settings::default(),
     };
-    Json(json!({
+    Ok(Json(json!({
         "path": sup.config_path(),
         "settings": shown,
         "defaults": Settings::default(),
         "error": file.as_ref().err().map(|e| json!({"message": e.to_string(), "field": e.field()})),
     }))
-    .into_response()
+    .into_response())
 }
 
-async fn put_config(State(sup): S, bytes: Bytes) -> Response {
-    let Some(sup) = sup.upgrade() else { return gone().into_response() };
-    let settings: Settings = match serde_json::from_slice(&bytes) {
-        Ok(s) => s,
-        Err(e) => return ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", format!("Invalid settings: {e}")).code("invalid_setting").into_response(),
-    };
-    match sup.save(settings).await {
-        Ok(restarted) => Json(json!({"restarted": restarted, "status": sup.status()})).into_response(),
-        Err(e) => config_error(&e).into_response(),
-    }
+async fn put_config(State(sup): S, bytes: Bytes) -> Reply {
+    let sup = live(sup)?;
+    let settings: Settings = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", format!("Invalid settings: {e}")).code("invalid_setting"))?;
+    let restarted = sup.save(settings).await.map_err(|e| config_error(&e))?;
+    Ok(Json(json!({"restarted": restarted, "status": sup.status()})).into_response())
 }
 
-async fn models(State(sup): S) -> Response {
-    let Some(sup) = sup.upgrade() else { return gone().into_response() };
+async fn models(State(sup): S) -> Reply {
+    let sup = live(sup)?;
     let Some(settings) = sup.settings().or_else(|| Settings::load(sup.config_path()).ok()) else {
-        return Json(json!({"data": [], "models_dir": null})).into_response();
+        return Ok(Json(json!({"data": [], "models_dir": null})).into_response());
     };
-    let loaded = match sup.app() {
-        Some(app) => app.engine.resident_ids(),
-        None => vec![],
-    };
+    let loaded = sup.app().map(|app| app.engine.resident_ids()).unwrap_or_default();
     let catalog = settings.catalog();
     let data: Vec<Value> = catalog
         .list()
@@ -114,101 +113,73 @@ async fn models(State(sup): S) -> Response {
             v
         })
         .collect();
-    Json(json!({"data": data, "models_dir": catalog.models_dir, "hf_cache": catalog.hf_cache})).into_response()
+    Ok(Json(json!({"data": data, "models_dir": catalog.models_dir, "hf_cache": catalog.hf_cache})).into_response())
 }
 
-async fn select(State(sup): S, bytes: Bytes) -> Response {
-    let Some(sup) = sup.upgrade() else { return gone().into_response() };
-    let v: Value = match body(&bytes) {
-        Ok(v) => v,
-        Err(e) => return e.into_response(),
-    };
-    let id = match field(&v, "id") {
-        Ok(id) => id.to_string(),
-        Err(e) => return e.into_response(),
-    };
-    match sup.select_model(&id).await {
-        Ok(()) => Json(json!({"default_model": id, "status": sup.status()})).into_response(),
-        Err(e) => config_error(&e).into_response(),
-    }
+async fn select(State(sup): S, bytes: Bytes) -> Reply {
+    let sup = live(sup)?;
+    let v: Value = body(&bytes)?;
+    let id = field(&v, "id")?.to_string();
+    sup.select_model(&id).await.map_err(|e| config_error(&e))?;
+    Ok(Json(json!({"default_model": id, "status": sup.status()})).into_response())
 }
 
-async fn delete_model(State(sup): S, Path(id): Path<String>) -> Response {
-    let Some(sup) = sup.upgrade() else { return gone().into_response() };
-    let Some(settings) = sup.settings() else { return gone().into_response() };
+async fn delete_model(State(sup): S, Path(id): Path<String>) -> Reply {
+    let sup = live(sup)?;
+    let settings = sup.settings().ok_or_else(gone)?;
     if id == settings.default_model {
-        return ApiError::invalid("id", format!("`{id}` is the default model; pick another default before deleting it")).code("model_in_use").into_response();
+        return Err(ApiError::invalid("id", format!("`{id}` is the default model; pick another default before deleting it")).code("model_in_use"));
     }
-    let catalog = settings.catalog();
-    let Some(m) = catalog.installed().into_iter().find(|m| m.id == id) else {
-        // Models in the Hugging Face cache belong to the hub's tools, not to Perch.
-        return ApiError::model_not_found(&id).into_response();
-    };
+    // Models in the Hugging Face cache belong to the hub's tools, not to Perch.
+    let m = settings.catalog().installed().into_iter().find(|m| m.id == id).ok_or_else(|| ApiError::model_not_found(&id))?;
     if let Some(app) = sup.app() {
-        if let Err(e) = app.engine.unload(&id).await {
-            return ApiError::from(e).into_response();
-        }
+        app.engine.unload(&id).await?;
     }
-    match tokio::fs::remove_dir_all(&m.path).await {
-        Ok(()) => Json(json!({"id": id, "deleted": true})).into_response(),
-        Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", format!("cannot delete {}: {e}", m.path.display())).into_response(),
-    }
+    tokio::fs::remove_dir_all(&m.path)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", format!("cannot delete {}: {e}", m.path.display())))?;
+    Ok(Json(json!({"id": id, "deleted": true})).into_response())
 }
 
-async fn import(State(sup): S, bytes: Bytes) -> Response {
-    let Some(sup) = sup.upgrade() else { return gone().into_response() };
-    let v: Value = match body(&bytes) {
-        Ok(v) => v,
-        Err(e) => return e.into_response(),
-    };
-    let path = match field(&v, "path") {
-        Ok(p) => std::path::PathBuf::from(p),
-        Err(e) => return e.into_response(),
-    };
+async fn import(State(sup): S, bytes: Bytes) -> Reply {
+    let sup = live(sup)?;
+    let v: Value = body(&bytes)?;
+    let path = std::path::PathBuf::from(field(&v, "path")?);
     if !path.is_file() || path.extension().and_then(|e| e.to_str()) != Some("gguf") {
-        return ApiError::invalid("path", format!("{} is not a .gguf file", path.display())).into_response();
+        return Err(ApiError::invalid("path", format!("{} is not a .gguf file", path.display())));
     }
     let name = v.get("name").and_then(Value::as_str).map(String::from);
     let models_dir = sup.settings().map(|s| s.models_dir()).unwrap_or_else(crate::paths::models_dir);
     let opts = crate::gguf::import::ImportOptions { name, quantize: crate::gguf::import::Quantize::None, dtype: crate::gguf::import::StoreDtype::Bf16, overwrite: false };
-    match tokio::task::spawn_blocking(move || crate::gguf::import::import(&path, &models_dir, &opts)).await {
-        Ok(Ok(dir)) => Json(json!({"id": dir.file_name().map(|n| n.to_string_lossy()), "path": dir})).into_response(),
-        Ok(Err(e)) => ApiError::invalid("path", e.to_string()).code("import_failed").into_response(),
-        Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", format!("import failed: {e}")).into_response(),
-    }
+    let dir = tokio::task::spawn_blocking(move || crate::gguf::import::import(&path, &models_dir, &opts))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", format!("import failed: {e}")))?
+        .map_err(|e| ApiError::invalid("path", e.to_string()).code("import_failed"))?;
+    Ok(Json(json!({"id": dir.file_name().map(|n| n.to_string_lossy()), "path": dir})).into_response())
 }
 
-async fn downloads(State(sup): S) -> Response {
-    let Some(sup) = sup.upgrade() else { return gone().into_response() };
-    Json(json!({"data": sup.downloads.list()})).into_response()
+async fn downloads(State(sup): S) -> Reply {
+    Ok(Json(json!({"data": live(sup)?.downloads.list()})).into_response())
 }
 
-async fn start_download(State(sup): S, bytes: Bytes) -> Response {
-    let Some(sup) = sup.upgrade() else { return gone().into_response() };
-    let v: Value = match body(&bytes) {
-        Ok(v) => v,
-        Err(e) => return e.into_response(),
-    };
-    let repo = match field(&v, "repo") {
-        Ok(r) => r.trim().to_string(),
-        Err(e) => return e.into_response(),
-    };
+async fn start_download(State(sup): S, bytes: Bytes) -> Reply {
+    let sup = live(sup)?;
+    let v: Value = body(&bytes)?;
+    let repo = field(&v, "repo")?.trim().to_string();
     let settings = sup.settings().unwrap_or_default();
     let revision = v.get("revision").and_then(Value::as_str);
     match sup.downloads.start(&repo, revision, &settings.hub_endpoint(), &settings.models_dir()) {
-        Ok(job) => (StatusCode::ACCEPTED, Json(job)).into_response(),
-        Err(e @ (DownloadError::AlreadyRunning(_) | DownloadError::AlreadyInstalled(_))) => ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string()).code("conflict").into_response(),
-        Err(e) => ApiError::invalid("repo", e.to_string()).into_response(),
+        Ok(job) => Ok((StatusCode::ACCEPTED, Json(job)).into_response()),
+        Err(e @ (DownloadError::AlreadyRunning(_) | DownloadError::AlreadyInstalled(_))) => Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string()).code("conflict")),
+        Err(e) => Err(ApiError::invalid("repo", e.to_string())),
     }
 }
 
-async fn cancel_download(State(sup): S, Path(id): Path<u64>) -> Response {
-    let Some(sup) = sup.upgrade() else { return gone().into_response() };
-    if sup.downloads.cancel(id) {
-        Json(json!({"id": id, "cancelling": true})).into_response()
-    } else {
-        ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", format!("No download {id}")).code("not_found").into_response()
+async fn cancel_download(State(sup): S, Path(id): Path<u64>) -> Reply {
+    if !live(sup)?.downloads.cancel(id) {
+        return Err(ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", format!("No download {id}")).code("not_found"));
     }
+    Ok(Json(json!({"id": id, "cancelling": true})).into_response())
 }
 
 // Handlers share the supervisor across tasks.

@@ -25,16 +25,21 @@ pub fn load_fixture(name: &str) -> LoadedModel {
     load_model(&fixture_dir(name)).unwrap_or_else(|e| panic!("loading fixture {name}: {e}"))
 }
 
+/// Copy fixture `name` into `dir` (created).
+pub fn install_fixture(name: &str, dir: &std::path::Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    for f in std::fs::read_dir(fixture_dir(name)).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+}
+
 /// A copy of fixture `name` in a fresh temporary directory, as `<tmp>/<dir_name>`, for tests
 /// that edit or break it.
 pub fn copy_fixture(name: &str, dir_name: &str) -> (tempfile::TempDir, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join(dir_name);
-    std::fs::create_dir(&dir).unwrap();
-    for f in std::fs::read_dir(fixture_dir(name)).unwrap() {
-        let f = f.unwrap().path();
-        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
-    }
+    install_fixture(name, &dir);
     (tmp, dir)
 }
 
