@@ -32,11 +32,20 @@ pub struct GenerateParams {
     pub logprobs: Option<usize>,
     /// Constrain the output to one JSON object (ends when the object is complete).
     pub json_mode: bool,
+    /// A LoRA adapter to apply (the engine loads it on the MLX thread).
+    pub adapter: Option<AdapterRef>,
+}
+
+/// A saved LoRA adapter: its name and directory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdapterRef {
+    pub name: String,
+    pub dir: std::path::PathBuf,
 }
 
 impl Default for GenerateParams {
     fn default() -> Self {
-        GenerateParams { max_tokens: 256, sampling: SamplingParams::default(), stop: vec![], prefill_chunk: 512, ignore_eos: false, draft: DraftMode::None, logprobs: None, json_mode: false }
+        GenerateParams { max_tokens: 256, sampling: SamplingParams::default(), stop: vec![], prefill_chunk: 512, ignore_eos: false, draft: DraftMode::None, logprobs: None, json_mode: false, adapter: None }
     }
 }
 
@@ -110,7 +119,7 @@ fn generate_plain(req: Request<'_>, on_piece: &mut dyn FnMut(&str, &[TokenLogpro
     }
 
     let mut step = |input: &Array, caches: &mut [crate::kv_cache::KvCache]| -> Result<Array> {
-        let logits = model.net.forward(input, caches)?;
+        let logits = model.forward(input, caches)?;
         let last = logits.index((.., -1, ..));
         sampler.sample(&last)
     };
@@ -212,7 +221,7 @@ pub(crate) fn prefill(model: &LoadedModel, ids: &[u32], chunk: usize, caches: &m
         if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
             return Ok(false);
         }
-        model.net.forward(&token_array(chunk), caches)?;
+        model.forward(&token_array(chunk), caches)?;
         eval(caches.iter().flat_map(|c| c.state()))?;
     }
     Ok(true)

@@ -27,7 +27,7 @@ pub(crate) fn generate(req: Request<'_>, on_piece: &mut dyn FnMut(&str, &[TokenL
     let mut out = Output::new(model, params, max_tokens, cancel, on_piece);
     let mut input = prompt[prompt.len() - 1];
     loop {
-        let logits = model.net.forward(&token_array(&[input]), &mut caches)?.index((.., -1, ..)).as_dtype(mlx_rs::Dtype::Float32)?;
+        let logits = model.forward(&token_array(&[input]), &mut caches)?.index((.., -1, ..)).as_dtype(mlx_rs::Dtype::Float32)?;
         let id = match (&json, &texts) {
             (Some(j), Some(texts)) => {
                 let scores = sampler.penalised(&logits, None)?;

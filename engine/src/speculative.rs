@@ -302,7 +302,7 @@ pub(crate) fn generate(req: Request<'_>, on_piece: &mut dyn FnMut(&str, &[TokenL
         if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
             return Ok(cancelled_early(prompt.len(), start));
         }
-        let hidden = model.net.hidden(&token_array(ids), &mut caches)?;
+        let hidden = model.hidden(&token_array(ids), &mut caches)?;
         let mut state: Vec<&Array> = caches.iter().flat_map(|c| c.state()).collect();
         if let Some(m) = &mut mtp {
             let from = c * chunk + 1;
@@ -322,7 +322,7 @@ pub(crate) fn generate(req: Request<'_>, on_piece: &mut dyn FnMut(&str, &[TokenL
             Some(ids) => concatenate(&[Array::from_slice(&[y], &[1]), ids.as_dtype(mlx_rs::Dtype::Uint32)?], 0)?.reshape(&[1, -1])?,
             None => token_array(&[y]),
         };
-        let hidden = model.net.hidden(&input, &mut caches)?;
+        let hidden = model.hidden(&input, &mut caches)?;
         let logits = model.net.logits(&hidden)?.index(0);
         let verdict = verify(&mut sampler, &logits, &drafts, &vocab_ids)?;
         let mut pending: Vec<&Array> = vec![&verdict.choice];

@@ -10,6 +10,7 @@ use super::weights::Weights;
 use super::{Architecture, ModelConfig};
 use crate::error::Result;
 use crate::kv_cache::KvCache;
+use crate::train::lora::{layer_of, LayerLora, Lora, ProjectionDims};
 
 struct Block {
     input_norm: RmsNorm,
@@ -21,10 +22,10 @@ struct Block {
 }
 
 impl Block {
-    fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
-        let r = self.attention.forward(&self.input_norm.forward(x)?, cache)?;
+    fn forward(&self, x: &Array, cache: &mut KvCache, lora: Option<&LayerLora>) -> Result<Array> {
+        let r = self.attention.forward(&self.input_norm.forward(x)?, cache, lora)?;
         let h = x.add(self.post_attention_norm.forward(&r)?)?;
-        let r = self.mlp.forward(&self.pre_feedforward_norm.forward(&h)?)?;
+        let r = self.mlp.forward(&self.pre_feedforward_norm.forward(&h)?, lora)?;
         Ok(h.add(self.post_feedforward_norm.forward(&r)?)?)
     }
 }
@@ -37,6 +38,7 @@ pub struct Gemma3Text {
     /// Per layer: `Some(window)` for sliding-window layers.
     windows: Vec<Option<i32>>,
     host_head: Option<super::host_head::HostHead>,
+    dims: ProjectionDims,
 }
 
 /// Whether layer `i` uses sliding-window attention: from `layer_types` when the config has it,
@@ -96,7 +98,9 @@ pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<Gemma3Text> {
     // The reference implementations multiply by sqrt(hidden) rounded to bf16.
     let embed_scale = half::bf16::from_f32((hidden as f32).sqrt()).to_f32();
     let embed = Embedding::load(w, cfg, "model.embed_tokens", vocab, hidden)?;
+    let dims = ProjectionDims { layers: blocks.len(), hidden, q_out: heads * head_dim, kv_out: shape.kv_heads * head_dim, intermediate: inter };
     Ok(Gemma3Text {
+        dims,
         host_head: embed.host_head()?,
         embed,
         embed_scale,
@@ -107,10 +111,10 @@ pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<Gemma3Text> {
 }
 
 impl Architecture for Gemma3Text {
-    fn hidden(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
+    fn hidden_with(&self, tokens: &Array, caches: &mut [KvCache], lora: Option<&Lora>) -> Result<Array> {
         let mut h = self.embed(tokens)?;
-        for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
-            h = block.forward(&h, cache)?;
+        for (i, (block, cache)) in self.blocks.iter().zip(caches.iter_mut()).enumerate() {
+            h = block.forward(&h, cache, layer_of(lora, i))?;
         }
         self.norm.forward(&h)
     }
@@ -120,6 +124,14 @@ impl Architecture for Gemma3Text {
             Some(host) if h.shape()[1] <= HOST_HEAD_MAX_ROWS => host.forward(h),
             _ => self.embed.as_linear(h),
         }
+    }
+
+    fn graph_logits(&self, h: &Array) -> Result<Array> {
+        self.embed.as_linear(h)
+    }
+
+    fn projection_dims(&self) -> ProjectionDims {
+        self.dims
     }
 
     fn embed(&self, tokens: &Array) -> Result<Array> {

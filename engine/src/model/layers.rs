@@ -9,6 +9,7 @@ use super::weights::Weights;
 use super::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::kv_cache::{AttentionMask, KvCache};
+use crate::train::lora::{layer_of, LayerLora, Lora, ProjectionDims, Target};
 
 /// MLX affine quantization parameters of one layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -353,8 +354,9 @@ impl Attention {
         })
     }
 
-    /// `x`: [B, L, hidden]. Appends this step's keys/values to `cache`.
-    pub fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
+    /// `x`: [B, L, hidden]. Appends this step's keys/values to `cache`; `lora` adds an
+    /// adapter's updates to the projections it targets.
+    pub fn forward(&self, x: &Array, cache: &mut KvCache, lora: Option<&LayerLora>) -> Result<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let split = |y: Array, heads: i32, norm: &Option<RmsNorm>| -> Result<Array> {
             let y = y.reshape(&[b, l, heads, self.head_dim])?;
@@ -365,7 +367,12 @@ impl Attention {
             Ok(y.transpose_axes(&[0, 2, 1, 3])?)
         };
         let mut qkv = self.qkv.forward(x)?.into_iter();
-        let (q, k, v) = (qkv.next().unwrap(), qkv.next().unwrap(), qkv.next().unwrap());
+        let (mut q, mut k, mut v) = (qkv.next().unwrap(), qkv.next().unwrap(), qkv.next().unwrap());
+        if let Some(l) = lora {
+            q = l.apply(Target::Q, x, q)?;
+            k = l.apply(Target::K, x, k)?;
+            v = l.apply(Target::V, x, v)?;
+        }
         let q = split(q, self.heads, &self.q_norm)?;
         let k = split(k, self.kv_heads, &self.k_norm)?;
         let v = split(v, self.kv_heads, &None)?;
@@ -382,7 +389,10 @@ impl Attention {
         };
         let out = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask, None)?;
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * self.head_dim])?;
-        self.o.forward(&out)
+        match lora {
+            Some(l) => l.apply(Target::O, &out, self.o.forward(&out)?),
+            None => self.o.forward(&out),
+        }
     }
 }
 
@@ -409,11 +419,19 @@ impl Mlp {
         Ok(Mlp { gelu: true, ..Mlp::load(w, cfg, prefix, hidden, inter, false)? })
     }
 
-    pub fn forward(&self, x: &Array) -> Result<Array> {
+    pub fn forward(&self, x: &Array, lora: Option<&LayerLora>) -> Result<Array> {
         let mut gu = self.gate_up.forward(x)?.into_iter();
-        let (gate, up) = (gu.next().unwrap(), gu.next().unwrap());
+        let (mut gate, mut up) = (gu.next().unwrap(), gu.next().unwrap());
+        if let Some(l) = lora {
+            gate = l.apply(Target::Gate, x, gate)?;
+            up = l.apply(Target::Up, x, up)?;
+        }
         let g = if self.gelu { mlx_rs::nn::gelu_approximate(gate)? } else { mlx_rs::nn::silu(gate)? };
-        self.down.forward(&g.multiply(up)?)
+        let h = g.multiply(up)?;
+        match lora {
+            Some(l) => l.apply(Target::Down, &h, self.down.forward(&h)?),
+            None => self.down.forward(&h),
+        }
     }
 }
 
@@ -441,9 +459,9 @@ impl PreNormBlock {
         })
     }
 
-    pub fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
-        let h = x.add(self.attention.forward(&self.input_norm.forward(x)?, cache)?)?;
-        Ok(h.add(self.mlp.forward(&self.post_attention_norm.forward(&h)?)?)?)
+    pub fn forward(&self, x: &Array, cache: &mut KvCache, lora: Option<&LayerLora>) -> Result<Array> {
+        let h = x.add(self.attention.forward(&self.input_norm.forward(x)?, cache, lora)?)?;
+        Ok(h.add(self.mlp.forward(&self.post_attention_norm.forward(&h)?, lora)?)?)
     }
 }
 
@@ -457,6 +475,7 @@ pub struct DecoderStack {
     pub lm_head: Option<Linear>,
     /// The tied head for one-token steps on the CPU backend.
     pub host_head: Option<super::host_head::HostHead>,
+    pub dims: ProjectionDims,
 }
 
 /// Up to this many positions per call, a tied head on the host beats MLX's (decode steps and
@@ -464,10 +483,10 @@ pub struct DecoderStack {
 pub const HOST_HEAD_MAX_ROWS: i32 = 32;
 
 impl DecoderStack {
-    pub fn hidden(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
+    pub fn hidden(&self, tokens: &Array, caches: &mut [KvCache], lora: Option<&Lora>) -> Result<Array> {
         let mut h = self.embed.forward(tokens)?;
-        for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
-            h = block.forward(&h, cache)?;
+        for (i, (block, cache)) in self.blocks.iter().zip(caches.iter_mut()).enumerate() {
+            h = block.forward(&h, cache, layer_of(lora, i))?;
         }
         self.norm.forward(&h)
     }
@@ -521,12 +540,23 @@ impl StackShape {
 }
 
 impl super::Architecture for DecoderStack {
-    fn hidden(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
-        DecoderStack::hidden(self, tokens, caches)
+    fn hidden_with(&self, tokens: &Array, caches: &mut [KvCache], lora: Option<&Lora>) -> Result<Array> {
+        DecoderStack::hidden(self, tokens, caches, lora)
     }
 
     fn logits(&self, hidden: &Array) -> Result<Array> {
         DecoderStack::logits(self, hidden)
+    }
+
+    fn graph_logits(&self, hidden: &Array) -> Result<Array> {
+        match &self.lm_head {
+            Some(head) => head.forward(hidden),
+            None => self.embed.as_linear(hidden),
+        }
+    }
+
+    fn projection_dims(&self) -> ProjectionDims {
+        self.dims
     }
 
     fn embed(&self, tokens: &Array) -> Result<Array> {
@@ -559,6 +589,8 @@ impl DecoderStack {
         }
         let lm_head = if tied { None } else { Some(Linear::load(w, cfg, "lm_head", hidden, s.vocab, false)?) };
         let host_head = if tied { embed.host_head()? } else { None };
-        Ok(DecoderStack { embed, blocks, norm, lm_head, host_head })
+        let a = &s.attention;
+        let dims = ProjectionDims { layers: blocks.len(), hidden, q_out: a.heads * a.head_dim, kv_out: a.kv_heads * a.head_dim, intermediate: s.intermediate };
+        Ok(DecoderStack { embed, blocks, norm, lm_head, host_head, dims })
     }
 }

@@ -20,6 +20,7 @@ use serde_json::Value;
 use crate::error::{EngineError, Result};
 use crate::kv_cache::KvCache;
 use crate::tokenizer::Tokenizer;
+use crate::train::lora::{Lora, ProjectionDims};
 use layers::QuantSpec;
 use weights::Weights;
 
@@ -29,9 +30,18 @@ pub const SUPPORTED_ARCHITECTURES: &str = "llama, qwen2, qwen3, gemma3_text";
 pub trait Architecture: Send {
     /// `tokens`: [B, L] int32 → final hidden states [B, L, hidden] (after the last norm, as
     /// the output head and an MTP head read them); appends to `caches` (one per layer).
-    fn hidden(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array>;
+    /// `lora` adds an adapter to the projections it targets.
+    fn hidden_with(&self, tokens: &Array, caches: &mut [KvCache], lora: Option<&Lora>) -> Result<Array>;
+    fn hidden(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
+        self.hidden_with(tokens, caches, None)
+    }
     /// The output head: hidden states [B, L, hidden] → logits [B, L, vocab].
     fn logits(&self, hidden: &Array) -> Result<Array>;
+    /// The output head through MLX operations only (never the host-side copy), so autodiff
+    /// sees it: training's loss goes through here.
+    fn graph_logits(&self, hidden: &Array) -> Result<Array>;
+    /// Widths of each layer's projections (what a LoRA adapter must fit).
+    fn projection_dims(&self) -> ProjectionDims;
     /// Token embeddings as the first layer sees them.
     fn embed(&self, tokens: &Array) -> Result<Array>;
     /// `tokens`: [B, L] int32 → logits [B, L, vocab].
@@ -155,9 +165,22 @@ pub struct LoadedModel {
     pub compute_dtype: Dtype,
     /// Each token's text on its own (JSON mode checks candidates against it); built on first use.
     token_texts: std::sync::OnceLock<Vec<String>>,
+    /// The LoRA adapter the current generation applies (set per request by its task on the
+    /// MLX thread, `None` for the base model).
+    pub adapter: Option<Lora>,
 }
 
 impl LoadedModel {
+    /// `net.forward` with the current adapter.
+    pub fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
+        self.net.logits(&self.hidden(tokens, caches)?)
+    }
+
+    /// `net.hidden` with the current adapter.
+    pub fn hidden(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
+        self.net.hidden_with(tokens, caches, self.adapter.as_ref())
+    }
+
     pub fn token_texts(&self) -> Result<&[String]> {
         if let Some(t) = self.token_texts.get() {
             return Ok(t);
@@ -229,5 +252,6 @@ pub fn load_model(dir: &Path) -> Result<LoadedModel> {
         mtp,
         tokenizer,
         token_texts: std::sync::OnceLock::new(),
+        adapter: None,
     })
 }

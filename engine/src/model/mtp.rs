@@ -75,7 +75,7 @@ impl MtpHead {
         let e = self.embed_norm.forward(&main.embed(tokens)?)?;
         let h = self.hidden_norm.forward(hidden)?;
         let x = self.fc.forward(&concatenate(&[e, h], -1)?)?;
-        let x = self.block.forward(&x, cache)?;
+        let x = self.block.forward(&x, cache, None)?;
         self.norm.forward(&x)
     }
 }

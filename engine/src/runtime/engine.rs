@@ -14,7 +14,10 @@ use super::ladder::{LadderConfig, LadderStatus, WarmupLadder};
 use super::warmup::{warm_at_load, WarmupOutcome};
 use super::{Foreground, Gate, Lease, Leases};
 use crate::error::{EngineError, Result};
-use crate::generate::{generate_streaming, DraftMode, GenerateParams, Generation, TokenLogprob};
+use crate::generate::{generate_streaming, AdapterRef, DraftMode, GenerateParams, Generation, TokenLogprob};
+use crate::train::lora::Lora;
+use crate::train::trainer::Trainer;
+use crate::train::Training;
 use crate::model::{load_model, LoadedModel, ModelConfig};
 use crate::tokenizer::Tokenizer;
 
@@ -94,6 +97,18 @@ pub struct ModelInfo {
     pub vocab_size: usize,
     pub has_mtp: bool,
     pub tokenizer: Arc<Tokenizer>,
+    /// A LoRA adapter applied on top (the request named `model+adapter`).
+    pub adapter: Option<AdapterRef>,
+}
+
+impl ModelInfo {
+    /// The id requests use: the model's, or `model+adapter`.
+    pub fn served_id(&self) -> String {
+        match &self.adapter {
+            Some(a) => format!("{}+{}", self.id, a.name),
+            None => self.id.clone(),
+        }
+    }
 }
 
 /// A loaded model's state outside the MLX thread.
@@ -121,6 +136,24 @@ pub struct LoadedSnapshot {
 pub(crate) struct Worker {
     pub models: HashMap<String, LoadedModel>,
     pub scratch: Option<Scratch>,
+    /// The training run's state (one run at a time).
+    pub trainer: Option<Trainer>,
+    /// Adapters loaded for serving, by directory, with the file time they were read at.
+    pub adapters: HashMap<PathBuf, (Option<std::time::SystemTime>, Lora)>,
+}
+
+/// The adapter at `a.dir` for `model`, read once and again when its file changes.
+fn adapter_for(cache: &mut HashMap<PathBuf, (Option<std::time::SystemTime>, Lora)>, model: &LoadedModel, a: &AdapterRef) -> Result<Lora> {
+    let file = a.dir.join("adapters.safetensors");
+    let mtime = std::fs::metadata(&file).and_then(|m| m.modified()).ok();
+    if let Some((t, lora)) = cache.get(&a.dir) {
+        if *t == mtime {
+            return Ok(lora.clone());
+        }
+    }
+    let lora = Lora::load(&a.dir, &model.net.projection_dims())?;
+    cache.insert(a.dir.clone(), (mtime, lora.clone()));
+    Ok(lora)
 }
 
 pub(crate) type Task = Box<dyn FnOnce(&mut Worker) + Send>;
@@ -144,6 +177,8 @@ pub struct Engine {
     load_lock: tokio::sync::Mutex<()>,
     /// The last ladder started, for /health.
     ladder: Mutex<Arc<WarmupLadder>>,
+    /// Training runs, the per-turn receipt and the pacer (SPEC §6).
+    pub training: Arc<Training>,
 }
 
 impl Engine {
@@ -164,7 +199,7 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("perch-mlx".into())
             .spawn(move || {
-                let mut worker = Worker { models: HashMap::new(), scratch: None };
+                let mut worker = Worker { models: HashMap::new(), scratch: None, trainer: None, adapters: HashMap::new() };
                 while let Ok(task) = rx.recv() {
                     // A panicking task fails its own request (its reply channel drops), not
                     // the engine.
@@ -189,6 +224,7 @@ impl Engine {
             known: Mutex::new(HashMap::new()),
             load_lock: tokio::sync::Mutex::new(()),
             ladder: Mutex::new(WarmupLadder::disabled()),
+            training: Training::new(),
             config,
         };
         let draft = engine.config.draft.clone();
@@ -317,8 +353,17 @@ impl Engine {
     }
 
     /// The model a request names: a resident one, or an installed id (never a path: a
-    /// request must not make the engine read arbitrary directories).
+    /// request must not make the engine read arbitrary directories). `model+adapter` names
+    /// a LoRA adapter trained on that model.
     pub fn model_info(&self, id: &str) -> Result<ModelInfo> {
+        if let Some((base, name)) = id.rsplit_once('+') {
+            let info = self.model_info(base)?;
+            let dir = crate::train::lora::adapter_dir(&self.config.models_dir, &info.id, name);
+            if !crate::train::lora::valid_name(name) || !dir.join("adapters.safetensors").is_file() {
+                return Err(EngineError::ModelNotFound(id.to_string()));
+            }
+            return Ok(ModelInfo { adapter: Some(AdapterRef { name: name.to_string(), dir }), ..info });
+        }
         if let Some(info) = self.known.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
             return Ok(info.clone());
         }
@@ -366,6 +411,11 @@ impl Engine {
         Ok(lease)
     }
 
+    /// A lease on `id` if it is loaded now (background work never loads a model).
+    pub(crate) fn lease_resident(&self, id: &str) -> Option<Lease> {
+        self.lease_if_resident(id)
+    }
+
     fn lease_if_resident(&self, id: &str) -> Option<Lease> {
         let mut r = self.resident.lock().unwrap_or_else(|e| e.into_inner());
         let at = r.iter().position(|m| m.info.id == id)?;
@@ -385,10 +435,12 @@ impl Engine {
         if let Some(ladder) = self.with_resident(id, |m| m.ladder.clone()) {
             ladder.stop();
         }
+        self.training.stop(Some(id), "the model is being unloaded");
         self.leases.released(Some(id)).await;
         let owned = id.to_string();
         let rx = self.on_worker_async(move |w| {
             w.models.remove(&owned);
+            w.adapters.clear();
             if w.scratch.as_ref().is_some_and(|s| s.model == owned) {
                 w.scratch = None;
             }
@@ -435,6 +487,7 @@ impl Engine {
         for m in self.resident.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             m.ladder.stop();
         }
+        self.training.stop(None, "the engine is stopping");
     }
 
     /// A whole user request without HTTP (benchmarks, tests): arrival, lease, queue, gate,
@@ -447,6 +500,7 @@ impl Engine {
         user.queue();
         let permit = self.gate.acquire(super::Policy::WaitForTurn).await.map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
         user.start();
+        let turn = self.training.turn_begin();
         let first: Arc<Mutex<Option<Instant>>> = Arc::default();
         let (engine, id, seen) = (self.clone(), id.to_string(), first.clone());
         let g = tokio::task::spawn_blocking(move || {
@@ -454,6 +508,9 @@ impl Engine {
             let r = engine.generate_blocking(&id, prompt, params, cancel, move |_, _| {
                 seen.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(Instant::now);
             });
+            if let Ok(g) = &r {
+                turn.finish(g.tokens.len());
+            }
             drop((permit, lease, user));
             r
         })
@@ -481,11 +538,23 @@ impl Engine {
         let owned = id.to_string();
         let g = self.on_worker(move |w| {
             let model = w.models.get(&owned).ok_or_else(|| EngineError::Internal(format!("model `{owned}` is not loaded")))?;
+            let adapter = match &params.adapter {
+                Some(a) => Some(adapter_for(&mut w.adapters, model, a)?),
+                None => None,
+            };
+            let model = w.models.get_mut(&owned).ok_or_else(|| EngineError::Internal(format!("model `{owned}` is not loaded")))?;
+            // Every generation sets the adapter it runs with, so none leaks into the next.
+            model.adapter = adapter;
+            let model = &*model;
             let mut params = params;
             if params.draft == DraftMode::None && default_draft != "none" {
                 params.draft = DraftMode::parse(&default_draft, model).unwrap_or(DraftMode::None);
             }
-            generate_streaming(model, &prompt, &params, Some(&cancel), &mut on_piece)
+            let g = generate_streaming(model, &prompt, &params, Some(&cancel), &mut on_piece);
+            if let Some(m) = w.models.get_mut(&owned) {
+                m.adapter = None;
+            }
+            g
         })?;
         // A real MTP generation pays the cold costs a skipped load-time warmup left.
         if g.draft.as_ref().is_some_and(|d| d.mode == "mtp") {
@@ -530,6 +599,7 @@ pub(crate) fn info_of(model: &LoadedModel) -> ModelInfo {
         vocab_size: model.vocab_size,
         has_mtp: model.mtp.is_some(),
         tokenizer: model.tokenizer.clone(),
+        adapter: None,
     }
 }
 
@@ -545,6 +615,7 @@ fn probe(dir: &Path, id: &str) -> Result<ModelInfo> {
         vocab_size: cfg.int("vocab_size")? as usize,
         has_mtp: false,
         tokenizer,
+        adapter: None,
     })
 }
 

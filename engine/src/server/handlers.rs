@@ -41,7 +41,14 @@ fn model_list(app: &App) -> Vec<Value> {
         .catalog()
         .list()
         .into_iter()
-        .map(|m| model_entry(&m.id, m.context_length, &m.architecture, resident.iter().any(|r| r.id == m.id)))
+        .flat_map(|m| {
+            let loaded = resident.iter().any(|r| r.id == m.id);
+            // Each saved LoRA adapter is served as `model+adapter`.
+            let adapters = crate::train::lora::list_adapters(&app.engine.config.models_dir, &m.id);
+            let mut entries = vec![model_entry(&m.id, m.context_length, &m.architecture, loaded)];
+            entries.extend(adapters.iter().map(|a| model_entry(&format!("{}+{a}", m.id), m.context_length, &m.architecture, loaded)));
+            entries
+        })
         .collect();
     // A model served from a directory outside the catalog.
     for r in resident {
@@ -167,6 +174,7 @@ fn prepare(app: &App, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -
     }
     let cap = app.config.max_tokens_cap.unwrap_or(usize::MAX);
     req.params.max_tokens = req.max_tokens.unwrap_or(usize::MAX).min(cap).min(info.context_length - prompt.len());
+    req.params.adapter = info.adapter.clone();
     Ok(Prepared { req, info, prompt })
 }
 
@@ -247,7 +255,7 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: Result<Bytes, BytesRe
     let (tx, rx) = mpsc::unbounded_channel();
     let stream = p.req.stream;
     let include_usage = p.req.include_usage;
-    let model = p.info.id.clone();
+    let model = p.info.served_id();
     let prompt_tokens = p.prompt.len();
     let logprobs = p.req.logprobs.is_some();
     {
@@ -272,16 +280,22 @@ fn run(app: Arc<App>, id: String, n: u64, p: Prepared, held: (GatePermit, Lease)
     params.logprobs = p.req.logprobs;
     params.json_mode = p.req.json_mode;
     let pieces = tx.clone();
+    // The training receipt sees every user turn: from here (a window running now delays it)
+    // to the last token (SPEC §6).
+    let turn = app.engine.training.turn_begin();
     let result = app.engine.generate_blocking(&p.info.id, p.prompt.clone(), params, cancel, move |text, lps| {
         let _ = pieces.send(Msg::Piece(text.to_string(), lps.to_vec()));
     });
+    if let Ok(g) = &result {
+        turn.finish(g.tokens.len());
+    }
     app.in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(&n);
     let endpoint = endpoint_name(p.req.endpoint);
     let mut rec = RequestRecord {
         id,
         time_unix: unix_now(),
         endpoint: endpoint.into(),
-        model: p.info.id.clone(),
+        model: p.info.served_id(),
         stream: p.req.stream,
         prompt_tokens: p.prompt.len(),
         ..Default::default()

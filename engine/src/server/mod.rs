@@ -9,6 +9,7 @@ mod ui;
 pub mod metrics;
 pub mod request;
 pub mod request_log;
+mod train;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -149,6 +150,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/health", get(handlers::health))
         .route("/metrics", get(handlers::metrics))
         .route("/openapi.json", get(handlers::openapi))
+        .route("/train", get(train::status).post(train::start))
+        .route("/train/cancel", post(train::cancel))
+        .route("/train/pause", post(train::pause))
+        .route("/train/resume", post(train::resume))
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
         // Bodies are read as bytes with this cap; the handlers turn the rejection into a 413.

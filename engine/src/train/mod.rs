@@ -1,6 +1,182 @@
-//! Training while serving (SPEC §6). So far: the per-turn slowdown receipt; the LoRA trainer,
-//! its windows and pacing, and the `/train` API come with the rest of the training issue.
+//! Training while serving (SPEC §6): LoRA adapters trained in windows between user turns,
+//! paced by a share of the time or a slowdown bound, with a per-turn slowdown receipt.
+//!
+//! `Training` is the engine's hub: serving reports every turn to it (start, end, decode
+//! steps, one clock), windows report their spans, and `/train` reads its status. Its one lock
+//! guards the receipt and the pacer and is only ever held for a few arithmetic steps.
 
+pub mod data;
+pub mod lora;
+pub mod pacing;
 pub mod receipt;
+pub mod request;
+pub mod run;
+pub mod trainer;
 
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+pub use pacing::{Pacer, Pacing};
 pub use receipt::{Receipt, ReceiptSummary, TurnOutcome};
+pub use run::{Run, RunState, RunStatus};
+
+#[derive(Default)]
+struct Ledger {
+    /// Turns generating now: id → start. A run that starts mid-turn learns of them.
+    open: BTreeMap<u64, f64>,
+    /// The current run's receipt and pacer (kept after it ends, for its status).
+    receipt: Option<Receipt>,
+    pacer: Pacer,
+    /// Whether a window is running now.
+    in_window: bool,
+}
+
+pub struct Training {
+    clock: Instant,
+    ledger: Mutex<Ledger>,
+    run: Mutex<Option<Arc<Run>>>,
+    next_turn: AtomicU64,
+}
+
+impl Default for Training {
+    fn default() -> Self {
+        Training { clock: Instant::now(), ledger: Mutex::default(), run: Mutex::default(), next_turn: AtomicU64::new(0) }
+    }
+}
+
+impl Training {
+    pub fn new() -> Arc<Training> {
+        Arc::new(Training::default())
+    }
+
+    /// Seconds on the one clock turns and windows share.
+    pub fn now(&self) -> f64 {
+        self.clock.elapsed().as_secs_f64()
+    }
+
+    fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A user turn starts generating. Finish it with its decode steps; dropping it unfinished
+    /// (an error) reports zero steps, which the receipt skips but still prunes on.
+    pub fn turn_begin(self: &Arc<Self>) -> Turn {
+        let id = self.next_turn.fetch_add(1, Ordering::Relaxed);
+        let start = self.now();
+        let mut l = self.ledger();
+        l.open.insert(id, start);
+        if let Some(r) = l.receipt.as_mut() {
+            r.turn_started(id, start);
+        }
+        drop(l);
+        Turn { training: self.clone(), id, start, done: false }
+    }
+
+    fn turn_end(&self, id: u64, start: f64, steps: usize) -> Option<TurnOutcome> {
+        let end = self.now();
+        let mut l = self.ledger();
+        l.open.remove(&id);
+        let outcome = l.receipt.as_mut().map(|r| r.turn_finished(id, 0, start, end, steps))?;
+        match outcome {
+            TurnOutcome::Clean { tps } => l.pacer.clean_turn(tps, end),
+            TurnOutcome::Slowed { overlap_s, .. } | TurnOutcome::Unmeasured { overlap_s } => l.pacer.overlapped_turn(steps, end - start, overlap_s, end),
+            TurnOutcome::Skipped => {}
+        }
+        Some(outcome)
+    }
+
+    /// A new run's receipt and pacer; turns already generating are in flight for it.
+    fn begin_receipt(&self, pacing: Pacing) {
+        let mut l = self.ledger();
+        let mut r = Receipt::new();
+        for (id, start) in &l.open {
+            r.turn_started(*id, *start);
+        }
+        l.receipt = Some(r);
+        l.pacer = Pacer::new(pacing);
+        l.in_window = false;
+    }
+
+    /// Called on the MLX thread as a window's work begins and ends.
+    fn window_started(&self) -> f64 {
+        let t = self.now();
+        let mut l = self.ledger();
+        l.in_window = true;
+        if let Some(r) = l.receipt.as_mut() {
+            r.window_started(t);
+        }
+        t
+    }
+
+    fn window_ended(&self) -> f64 {
+        let t = self.now();
+        let mut l = self.ledger();
+        l.in_window = false;
+        if let Some(r) = l.receipt.as_mut() {
+            r.window_ended(t);
+        }
+        t
+    }
+
+    fn run_ended(&self) {
+        let t = self.now();
+        let mut l = self.ledger();
+        l.in_window = false;
+        if let Some(r) = l.receipt.as_mut() {
+            r.run_ended(t);
+        }
+    }
+
+    /// Receipt summary, pacer, and whether a window runs now, in one short lock.
+    fn snapshot(&self) -> (ReceiptSummary, Pacer, bool) {
+        let l = self.ledger();
+        (l.receipt.as_ref().map(Receipt::summary).unwrap_or_default(), l.pacer.clone(), l.in_window)
+    }
+
+    /// The current run, or the last one.
+    pub fn current(&self) -> Option<Arc<Run>> {
+        self.run.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Install `run` unless one is still active; returns the active one otherwise.
+    fn install(&self, run: Arc<Run>) -> Result<(), Arc<Run>> {
+        let mut slot = self.run.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(active) = slot.as_ref().filter(|r| r.is_active()) {
+            return Err(active.clone());
+        }
+        *slot = Some(run);
+        Ok(())
+    }
+
+    /// Stop a run on `model` (it is being unloaded), or any run with `None` (shutdown).
+    pub fn stop(&self, model: Option<&str>, why: &str) {
+        if let Some(run) = self.current().filter(|r| model.is_none_or(|m| r.model == m)) {
+            run.stop(why);
+        }
+    }
+}
+
+/// A user turn in flight (see `Training::turn_begin`).
+pub struct Turn {
+    training: Arc<Training>,
+    id: u64,
+    start: f64,
+    done: bool,
+}
+
+impl Turn {
+    pub fn finish(mut self, steps: usize) -> Option<TurnOutcome> {
+        self.done = true;
+        self.training.turn_end(self.id, self.start, steps)
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if !self.done {
+            self.training.turn_end(self.id, self.start, 0);
+        }
+    }
+}

@@ -1,0 +1,435 @@
+//! One training run: its controller (windows, yields, pause, cancel, save) and its status.
+//!
+//! A window is one task on the MLX thread doing `window_batches` batches; a user turn that
+//! arrives meanwhile waits for it, which is exactly the slowdown the receipt measures. Each
+//! window holds a lease on the model; between windows the run holds nothing.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::Notify;
+
+use super::data::{samples, split};
+use super::pacing::{Pacing, PROBE_PAUSE};
+use super::receipt::ReceiptSummary;
+use super::request::{FieldError, TrainRequest};
+use super::trainer::{TrainSetup, Trainer, WorkReport};
+use super::Training;
+use crate::error::{EngineError, Result};
+use crate::runtime::Engine;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    Starting,
+    Running,
+    Paused,
+    Completed,
+    Cancelled,
+    Failed,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct EpochLoss {
+    pub epoch: usize,
+    pub train_loss: Option<f32>,
+    /// Mean loss on the held-out split after this epoch (epoch 0: before training).
+    pub eval_loss: Option<f32>,
+}
+
+/// Window lengths kept for percentiles (the newest; older ones are dropped).
+const WINDOWS_KEPT: usize = 1024;
+/// Points of the loss curve kept: when full, every other point is dropped.
+const CURVE_POINTS: usize = 512;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunStatus {
+    pub state: RunState,
+    pub error: Option<String>,
+    pub model: String,
+    pub adapter: String,
+    /// The model id that serves the adapter once saved.
+    pub adapter_model: String,
+    pub adapter_saved: bool,
+    pub pacing: Pacing,
+    pub window_batches: usize,
+    pub samples_train: usize,
+    pub samples_eval: usize,
+    pub epochs_total: usize,
+    pub epochs: Vec<EpochLoss>,
+    pub steps: usize,
+    pub tokens_trained: usize,
+    /// Target tokens per second of training-window time.
+    pub train_tokens_per_s: Option<f64>,
+    /// (step, loss) pairs, thinned to at most 512.
+    pub loss_curve: Vec<(usize, f32)>,
+    pub windows: usize,
+    pub window_s_p50: Option<f64>,
+    pub window_s_p95: Option<f64>,
+    pub window_s_max: Option<f64>,
+    pub window_s_total: f64,
+    pub yielded_s: f64,
+    pub forced_pauses: usize,
+    /// Training's share of the run's active time (windows / (windows + yields)).
+    pub window_share_ppm: u32,
+    /// The average decode slowdown that share implies: share · (1 − rw / r0), rw = 0 until
+    /// measured.
+    pub realised_slowdown_ppm: u32,
+    pub decode_tps_clean: Option<f64>,
+    pub decode_tps_in_window: Option<f64>,
+    pub in_window: bool,
+    /// The per-turn receipt. Each sample is a whole turn's slowdown, so a turn only partly
+    /// overlapped by a window reads as proportionally less slowed.
+    #[serde(flatten)]
+    pub receipt: ReceiptSummary,
+    pub elapsed_s: f64,
+    #[serde(skip)]
+    curve_stride: usize,
+    #[serde(skip)]
+    window_lengths: VecDeque<f64>,
+    #[serde(skip)]
+    train_window_s: f64,
+    #[serde(skip)]
+    started: f64,
+}
+
+pub struct Run {
+    pub model: String,
+    pub adapter: String,
+    pub dir: PathBuf,
+    window_batches: usize,
+    cancel: AtomicBool,
+    paused: AtomicBool,
+    wake: Notify,
+    status: Mutex<RunStatus>,
+}
+
+impl Run {
+    fn update(&self, f: impl FnOnce(&mut RunStatus)) {
+        f(&mut self.status.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    pub fn is_active(&self) -> bool {
+        matches!(self.status.lock().unwrap_or_else(|e| e.into_inner()).state, RunState::Starting | RunState::Running | RunState::Paused)
+    }
+
+    pub fn status(&self, training: &Training) -> RunStatus {
+        let (receipt, pacer, in_window) = training.snapshot();
+        let mut s = self.status.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        s.receipt = receipt;
+        s.in_window = in_window;
+        s.decode_tps_clean = pacer.r0.map(|r| r.tps);
+        s.decode_tps_in_window = pacer.rw.map(|r| r.tps);
+        let active = s.window_s_total + s.yielded_s;
+        let share = if active > 0.0 { s.window_s_total / active } else { 0.0 };
+        let kept = match (pacer.r0, pacer.rw) {
+            (Some(r0), Some(rw)) if r0.tps > 0.0 => (rw.tps / r0.tps).clamp(0.0, 1.0),
+            _ => 0.0,
+        };
+        s.window_share_ppm = (share * 1e6).round() as u32;
+        s.realised_slowdown_ppm = (share * (1.0 - kept) * 1e6).round() as u32;
+        let mut lengths: Vec<f64> = s.window_lengths.iter().copied().collect();
+        lengths.sort_by(f64::total_cmp);
+        let pick = |q: f64| (!lengths.is_empty()).then(|| lengths[((lengths.len() - 1) as f64 * q).round() as usize]);
+        (s.window_s_p50, s.window_s_p95, s.window_s_max) = (pick(0.5), pick(0.95), lengths.last().copied());
+        s.train_tokens_per_s = (s.train_window_s > 0.0).then(|| s.tokens_trained as f64 / s.train_window_s);
+        if self.is_active() {
+            s.elapsed_s = training.now() - s.started;
+        }
+        s
+    }
+
+    pub fn pause(&self) {
+        self.paused.store(true, Ordering::SeqCst);
+        self.update(|s| {
+            if s.state == RunState::Running {
+                s.state = RunState::Paused;
+            }
+        });
+    }
+
+    pub fn resume(&self) {
+        self.paused.store(false, Ordering::SeqCst);
+        self.update(|s| {
+            if s.state == RunState::Paused {
+                s.state = RunState::Running;
+            }
+        });
+        self.wake.notify_waiters();
+    }
+
+    pub fn stop(&self, why: &str) {
+        if !self.cancel.swap(true, Ordering::SeqCst) {
+            tracing::info!(model = %self.model, adapter = %self.adapter, why, "training run stopping");
+        }
+        self.wake.notify_waiters();
+    }
+
+    fn cancelled(&self) -> bool {
+        self.cancel.load(Ordering::SeqCst)
+    }
+
+    /// Sleep `d`, cut short by cancel.
+    async fn sleep(&self, d: Duration) {
+        if d.is_zero() || self.cancelled() {
+            return;
+        }
+        let notified = self.wake.notified();
+        tokio::select! {
+            _ = tokio::time::sleep(d) => {}
+            _ = notified => {}
+        }
+    }
+
+    async fn wait_while_paused(&self) {
+        while self.paused.load(Ordering::SeqCst) && !self.cancelled() {
+            let notified = self.wake.notified();
+            if !self.paused.load(Ordering::SeqCst) || self.cancelled() {
+                break;
+            }
+            notified.await;
+        }
+    }
+
+    fn record(&self, report: &WorkReport, window_s: f64) {
+        self.update(|s| {
+            s.windows += 1;
+            s.window_s_total += window_s;
+            if s.window_lengths.len() == WINDOWS_KEPT {
+                s.window_lengths.pop_front();
+            }
+            s.window_lengths.push_back(window_s);
+            if !report.batches.is_empty() {
+                s.train_window_s += window_s;
+            }
+            for &(loss, n) in &report.batches {
+                s.steps += 1;
+                s.tokens_trained += n;
+                if s.steps % s.curve_stride == 0 {
+                    s.loss_curve.push((s.steps, loss));
+                    if s.loss_curve.len() >= CURVE_POINTS {
+                        s.curve_stride *= 2;
+                        let stride = s.curve_stride;
+                        s.loss_curve.retain(|(step, _)| step % stride == 0);
+                    }
+                }
+            }
+            if let Some((epoch, loss)) = report.epoch_trained {
+                s.epochs.push(EpochLoss { epoch, train_loss: Some(loss), eval_loss: None });
+            }
+            if let Some((epoch, loss)) = report.eval {
+                match s.epochs.iter_mut().find(|e| e.epoch == epoch) {
+                    Some(e) => e.eval_loss = loss,
+                    None => s.epochs.push(EpochLoss { epoch, train_loss: None, eval_loss: loss }),
+                }
+            }
+        });
+    }
+}
+
+/// Why a run could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("a training run is already {0:?} (cancel it first)")]
+    Busy(RunState),
+    #[error("{0}")]
+    Field(FieldError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+fn field(param: &str, message: impl Into<String>) -> StartError {
+    StartError::Field(FieldError { param: param.into(), message: message.into() })
+}
+
+impl Engine {
+    /// Start a training run on the requested (or loaded) model.
+    pub async fn start_training(self: &Arc<Self>, req: TrainRequest) -> std::result::Result<Arc<Run>, StartError> {
+        if let Some(active) = self.training.current().filter(|r| r.is_active()) {
+            return Err(StartError::Busy(active.status.lock().unwrap_or_else(|e| e.into_inner()).state));
+        }
+        let model = match req.model.clone().or_else(|| self.loaded().map(|m| m.id)) {
+            Some(m) => m,
+            None => return Err(field("model", "no model is loaded; name one")),
+        };
+        if model.contains('+') {
+            return Err(field("model", "train a base model, not an adapter"));
+        }
+        let info = self.model_info(&model).map_err(|e| field("model", e.to_string()))?;
+        let dir = super::lora::adapter_dir(&self.config.models_dir, &info.id, &req.adapter);
+        if dir.exists() {
+            return Err(field("adapter", format!("`{}` already exists for `{}`; pick another name", req.adapter, info.id)));
+        }
+        let seq_len = req.seq_len.min(info.context_length);
+        let tok = info.tokenizer.clone();
+        let data = req.data;
+        let all = tokio::task::spawn_blocking(move || samples(&tok, &data, seq_len))
+            .await
+            .map_err(|e| EngineError::Internal(e.to_string()))?
+            .map_err(|e| field(if matches!(e, EngineError::Template(_)) { "examples" } else { "text" }, e.to_string()))?;
+        if all.is_empty() {
+            return Err(field("text", "too short: not one chunk of 8 or more tokens"));
+        }
+        let (train, eval) = split(all, req.eval_fraction, req.seed);
+        let setup = TrainSetup { lora: req.lora, train, eval, epochs: req.epochs, batch_size: req.batch_size, learning_rate: req.learning_rate, weight_decay: req.weight_decay, seed: req.seed };
+        let status = RunStatus {
+            state: RunState::Starting,
+            error: None,
+            model: info.id.clone(),
+            adapter: req.adapter.clone(),
+            adapter_model: format!("{}+{}", info.id, req.adapter),
+            adapter_saved: false,
+            pacing: req.pacing,
+            window_batches: req.window_batches,
+            samples_train: setup.train.len(),
+            samples_eval: setup.eval.len(),
+            epochs_total: setup.epochs,
+            epochs: vec![],
+            steps: 0,
+            tokens_trained: 0,
+            train_tokens_per_s: None,
+            loss_curve: vec![],
+            windows: 0,
+            window_s_p50: None,
+            window_s_p95: None,
+            window_s_max: None,
+            window_s_total: 0.0,
+            yielded_s: 0.0,
+            forced_pauses: 0,
+            window_share_ppm: 0,
+            realised_slowdown_ppm: 0,
+            decode_tps_clean: None,
+            decode_tps_in_window: None,
+            in_window: false,
+            receipt: ReceiptSummary::default(),
+            elapsed_s: 0.0,
+            curve_stride: 1,
+            window_lengths: VecDeque::new(),
+            train_window_s: 0.0,
+            started: self.training.now(),
+        };
+        let run = Arc::new(Run { model: info.id.clone(), adapter: req.adapter, dir, window_batches: req.window_batches, cancel: AtomicBool::new(false), paused: AtomicBool::new(false), wake: Notify::new(), status: Mutex::new(status) });
+        if let Err(active) = self.training.install(run.clone()) {
+            return Err(StartError::Busy(active.status.lock().unwrap_or_else(|e| e.into_inner()).state));
+        }
+        // Load the model if needed; the lease only covers the load and the trainer's setup.
+        let lease = match self.lease_model(&info.id).await {
+            Ok(l) => l,
+            Err(e) => {
+                run.update(|s| (s.state, s.error) = (RunState::Failed, Some(e.to_string())));
+                return Err(e.into());
+            }
+        };
+        self.training.begin_receipt(req.pacing);
+        let id = info.id.clone();
+        let created = self.on_worker_async(move |w| {
+            let model = w.models.get(&id).ok_or_else(|| EngineError::Internal(format!("model `{id}` is not loaded")))?;
+            w.trainer = Some(Trainer::new(model, setup)?);
+            Ok(())
+        })?;
+        let created = created.await.map_err(|_| EngineError::Internal("the MLX thread dropped the task".into())).and_then(|r| r);
+        drop(lease);
+        if let Err(e) = created {
+            run.update(|s| (s.state, s.error) = (RunState::Failed, Some(e.to_string())));
+            self.training.run_ended();
+            return Err(e.into());
+        }
+        run.update(|s| s.state = if run.paused.load(Ordering::SeqCst) { RunState::Paused } else { RunState::Running });
+        tokio::spawn(drive(Arc::downgrade(self), run.clone()));
+        Ok(run)
+    }
+}
+
+/// The run's loop: window, yield, repeat; then save the adapter and close the receipt.
+async fn drive(engine: Weak<Engine>, run: Arc<Run>) {
+    let outcome = windows(&engine, &run).await;
+    let training = engine.upgrade().map(|e| e.training.clone());
+    let saved = match engine.upgrade() {
+        Some(e) => save(&e, &run).await,
+        None => Err(EngineError::Internal("the engine stopped before the adapter was saved".into())),
+    };
+    if let Some(t) = &training {
+        t.run_ended();
+    }
+    run.update(|s| {
+        s.adapter_saved = saved.as_ref().is_ok_and(|w| *w);
+        s.elapsed_s = training.as_ref().map_or(s.elapsed_s, |t| t.now() - s.started);
+        (s.state, s.error) = match (&outcome, &saved) {
+            (Err(e), _) | (Ok(_), Err(e)) => (RunState::Failed, Some(e.to_string())),
+            (Ok(true), _) => (RunState::Completed, None),
+            (Ok(false), _) => (RunState::Cancelled, None),
+        };
+    });
+    tracing::info!(model = %run.model, adapter = %run.adapter, state = ?run.status.lock().unwrap_or_else(|e| e.into_inner()).state, "training run ended");
+}
+
+/// Windows until the data is done (`Ok(true)`) or the run is stopped (`Ok(false)`).
+async fn windows(engine: &Weak<Engine>, run: &Arc<Run>) -> Result<bool> {
+    loop {
+        run.wait_while_paused().await;
+        if run.cancelled() {
+            return Ok(false);
+        }
+        let Some(e) = engine.upgrade() else { return Ok(false) };
+        let training = e.training.clone();
+        if training.ledger().pacer.probe_due(training.now()) {
+            // r0 is stale while turns keep landing in windows: stay out until a clean turn
+            // measures it (or the probe times out).
+            run.update(|s| s.forced_pauses += 1);
+            let until = training.now() + PROBE_PAUSE.as_secs_f64();
+            while training.ledger().pacer.probe_due(training.now()) && training.now() < until && !run.cancelled() {
+                run.sleep(Duration::from_millis(100)).await;
+            }
+            run.update(|s| s.yielded_s += PROBE_PAUSE.as_secs_f64().min(training.now() - (until - PROBE_PAUSE.as_secs_f64())));
+            continue;
+        }
+        // A window never starts on a model that is being unloaded: unloading stops the run
+        // first, and a model that is gone has no lease to give.
+        let Some(lease) = e.lease_resident(&run.model) else {
+            return Err(EngineError::Internal(format!("model `{}` is no longer loaded", run.model)));
+        };
+        let (r, t, k) = (run.clone(), training.clone(), run.window_batches);
+        let rx = e.on_worker_async(move |w| {
+            let (Some(model), Some(trainer)) = (w.models.get(&r.model), w.trainer.as_mut()) else {
+                return Err(EngineError::Internal(format!("model `{}` is no longer loaded", r.model)));
+            };
+            let start = t.window_started();
+            let report = trainer.work(model, k, &|| r.cancelled());
+            let end = t.window_ended();
+            Ok((report?, end - start))
+        })?;
+        drop(e);
+        let (report, window_s) = rx.await.map_err(|_| EngineError::Internal("the MLX thread dropped a window".into()))??;
+        drop(lease);
+        run.record(&report, window_s);
+        if report.finished {
+            return Ok(true);
+        }
+        let y = training.ledger().pacer.yield_after(Duration::from_secs_f64(window_s));
+        run.update(|s| s.yielded_s += y.as_secs_f64());
+        run.sleep(y).await;
+    }
+}
+
+/// Save the adapter (if it took a step) and free the trainer; `Ok(true)` when written.
+async fn save(e: &Arc<Engine>, run: &Arc<Run>) -> Result<bool> {
+    let steps = run.status.lock().unwrap_or_else(|e| e.into_inner()).steps;
+    let (dir, meta) = (run.dir.clone(), serde_json::json!({"base_model": run.model, "steps": steps}));
+    let training = e.training.clone();
+    let rx = e.on_worker_async(move |w| {
+        let Some(trainer) = w.trainer.take() else { return Ok(false) };
+        if steps == 0 {
+            return Ok(false);
+        }
+        // Writing is training work on the MLX thread too: it is a (short) window.
+        training.window_started();
+        let saved = trainer.save(&dir, meta);
+        training.window_ended();
+        saved.map(|_| true)
+    })?;
+    rx.await.map_err(|_| EngineError::Internal("the MLX thread dropped the save".into()))?
+}
