@@ -43,7 +43,11 @@ pub fn samples(tok: &Tokenizer, data: &TrainData, seq_len: usize) -> Result<Vec<
 }
 
 fn at(i: usize, e: EngineError) -> EngineError {
-    EngineError::InvalidRequest(format!("examples[{i}]: {e}"))
+    let why = match e {
+        EngineError::InvalidRequest(m) => m,
+        other => other.to_string(),
+    };
+    EngineError::InvalidRequest(format!("examples[{i}]: {why}"))
 }
 
 /// The text's tokens in consecutive chunks, each opened by the model's start token (BOS) when

@@ -7,7 +7,7 @@ use super::lora::{valid_name, LoraSpec, TARGETS};
 use super::pacing::Pacing;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("`{param}`: {message}")]
+#[error("{message}")]
 pub struct FieldError {
     pub param: String,
     pub message: String,

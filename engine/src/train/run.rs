@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::sync::Notify;
 
-use super::data::{samples, split};
+use super::data::{samples, split, TrainData};
 use super::pacing::{Pacing, PROBE_PAUSE};
 use super::receipt::ReceiptSummary;
 use super::request::{FieldError, TrainRequest};
@@ -267,10 +267,14 @@ impl Engine {
         let seq_len = req.seq_len.min(info.context_length);
         let tok = info.tokenizer.clone();
         let data = req.data;
+        let param = if matches!(data, TrainData::Text(_)) { "text" } else { "examples" };
         let all = tokio::task::spawn_blocking(move || samples(&tok, &data, seq_len))
             .await
             .map_err(|e| EngineError::Internal(e.to_string()))?
-            .map_err(|e| field(if matches!(e, EngineError::Template(_)) { "examples" } else { "text" }, e.to_string()))?;
+            .map_err(|e| field(param, match e {
+                EngineError::InvalidRequest(m) => m,
+                other => other.to_string(),
+            }))?;
         if all.is_empty() {
             return Err(field("text", "too short: not one chunk of 8 or more tokens"));
         }
