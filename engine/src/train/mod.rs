@@ -79,6 +79,7 @@ impl Training {
         let mut l = self.ledger();
         l.open.remove(&id);
         let outcome = l.receipt.as_mut().map(|r| r.turn_finished(id, 0, start, end, steps))?;
+        tracing::debug!(id, start, end, steps, ?outcome, "turn");
         match outcome {
             TurnOutcome::Clean { tps } => l.pacer.clean_turn(tps, end),
             TurnOutcome::Slowed { overlap_s, .. } | TurnOutcome::Unmeasured { overlap_s } => l.pacer.overlapped_turn(steps, end - start, overlap_s, end),

@@ -43,6 +43,8 @@ pub struct EpochLoss {
 
 /// Window lengths kept for percentiles (the newest; older ones are dropped).
 const WINDOWS_KEPT: usize = 1024;
+/// Window spans listed in the status.
+const SPANS_LISTED: usize = 64;
 /// Points of the loss curve kept: when full, every other point is dropped.
 const CURVE_POINTS: usize = 512;
 
@@ -87,6 +89,10 @@ pub struct RunStatus {
     #[serde(flatten)]
     pub receipt: ReceiptSummary,
     pub elapsed_s: f64,
+    /// The newest windows as [start, end] on the receipt's clock, and that clock now: a
+    /// client can tell which of its own turns overlapped training.
+    pub recent_windows: VecDeque<(f64, f64)>,
+    pub clock_s: f64,
     #[serde(skip)]
     curve_stride: usize,
     #[serde(skip)]
@@ -140,6 +146,7 @@ impl Run {
         if self.is_active() {
             s.elapsed_s = training.now() - s.started;
         }
+        s.clock_s = training.now();
         s
     }
 
@@ -195,9 +202,14 @@ impl Run {
         }
     }
 
-    fn record(&self, report: &WorkReport, window_s: f64) {
+    fn record(&self, report: &WorkReport, span: (f64, f64)) {
+        let window_s = span.1 - span.0;
         self.update(|s| {
             s.windows += 1;
+            if s.recent_windows.len() == SPANS_LISTED {
+                s.recent_windows.pop_front();
+            }
+            s.recent_windows.push_back(span);
             s.window_s_total += window_s;
             if s.window_lengths.len() == WINDOWS_KEPT {
                 s.window_lengths.pop_front();
@@ -311,6 +323,8 @@ impl Engine {
             in_window: false,
             receipt: ReceiptSummary::default(),
             elapsed_s: 0.0,
+            recent_windows: VecDeque::new(),
+            clock_s: 0.0,
             curve_stride: 1,
             window_lengths: VecDeque::new(),
             train_window_s: 0.0,
@@ -404,12 +418,13 @@ async fn windows(engine: &Weak<Engine>, run: &Arc<Run>) -> Result<bool> {
             let start = t.window_started();
             let report = trainer.work(model, k, &|| r.cancelled());
             let end = t.window_ended();
-            Ok((report?, end - start))
+            Ok((report?, (start, end)))
         })?;
         drop(e);
-        let (report, window_s) = rx.await.map_err(|_| EngineError::Internal("the MLX thread dropped a window".into()))??;
+        let (report, span) = rx.await.map_err(|_| EngineError::Internal("the MLX thread dropped a window".into()))??;
         drop(lease);
-        run.record(&report, window_s);
+        run.record(&report, span);
+        let window_s = span.1 - span.0;
         if report.finished {
             return Ok(true);
         }
