@@ -73,6 +73,9 @@ pub struct Generation {
     pub draft: Option<DraftStats>,
     /// One entry per generated token when `GenerateParams::logprobs` asked for them.
     pub logprobs: Vec<TokenLogprob>,
+    /// When the last token was produced (on the thread that ran the model).
+    #[serde(skip)]
+    pub finished_at: Instant,
 }
 
 /// A generated token's log-probability under the model (log-softmax of its logits, before
@@ -361,6 +364,7 @@ impl<'a> Output<'a> {
             finish_reason: self.finish.unwrap_or(FinishReason::Length),
             draft,
             logprobs: self.logprobs,
+            finished_at: Instant::now(),
         })
     }
 }
@@ -379,6 +383,7 @@ pub(crate) fn cancelled_early(prompt_tokens: usize, start: Instant) -> Generatio
         decode_time: Duration::ZERO,
         draft: None,
         logprobs: vec![],
+        finished_at: Instant::now(),
     }
 }
 

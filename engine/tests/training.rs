@@ -161,7 +161,6 @@ async fn a_run_lowers_held_out_loss_and_its_adapter_serves() {
     let st = wait_for_end(&s, Duration::from_secs(120)).await;
     assert_eq!(st["state"], "completed", "{st}");
     assert_eq!(st["adapter_saved"], true);
-    println!("status: {st}");
     let epochs = st["epochs"].as_array().unwrap();
     assert_eq!(epochs.len(), 4, "baseline + 3 epochs: {st}");
     let eval = |i: usize| epochs[i]["eval_loss"].as_f64().unwrap();
@@ -254,9 +253,10 @@ async fn user_turns_during_a_run_get_a_receipt_and_control_works() {
     for key in ["turn_tps_clean", "turn_slowdown_ppm_p50", "turn_slowdown_ppm_p95", "turn_slowdown_ppm_max", "turns_unmeasured", "yielded_s", "realised_slowdown_ppm"] {
         assert!(st.get(key).is_some(), "status lacks {key}: {st}");
     }
-    // The bound: windows take at most ~30 % of the time (yields sized by the worst case).
-    let share = st["window_share_ppm"].as_u64().unwrap();
-    assert!(share <= 330_000, "{st}");
+    // The bound: windows' share of the time, discounted by what decoding kept doing during
+    // them, stays at the 30 % asked for (yields are sized so that it is exactly the bound).
+    let realised = st["realised_slowdown_ppm"].as_u64().unwrap();
+    assert!(realised > 0 && realised <= 345_000, "{st}");
 
     // Pause: no window starts while paused; resume: they do again.
     let (code, p) = call(&s, "POST", "/train/pause", None).await;

@@ -509,7 +509,7 @@ impl Engine {
                 seen.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(Instant::now);
             });
             if let Ok(g) = &r {
-                turn.finish(g.tokens.len());
+                turn.finish(g.tokens.len(), g.finished_at);
             }
             drop((permit, lease, user));
             r

@@ -287,7 +287,7 @@ fn run(app: Arc<App>, id: String, n: u64, p: Prepared, held: (GatePermit, Lease)
         let _ = pieces.send(Msg::Piece(text.to_string(), lps.to_vec()));
     });
     if let Ok(g) = &result {
-        turn.finish(g.tokens.len());
+        turn.finish(g.tokens.len(), g.finished_at);
     }
     app.in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(&n);
     let endpoint = endpoint_name(p.req.endpoint);

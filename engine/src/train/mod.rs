@@ -74,8 +74,8 @@ impl Training {
         Turn { training: self.clone(), id, start, done: false }
     }
 
-    fn turn_end(&self, id: u64, start: f64, steps: usize) -> Option<TurnOutcome> {
-        let end = self.now();
+    fn turn_end(&self, id: u64, start: f64, steps: usize, at: Option<Instant>) -> Option<TurnOutcome> {
+        let end = at.map_or_else(|| self.now(), |t| t.saturating_duration_since(self.clock).as_secs_f64());
         let mut l = self.ledger();
         l.open.remove(&id);
         let outcome = l.receipt.as_mut().map(|r| r.turn_finished(id, 0, start, end, steps))?;
@@ -168,16 +168,19 @@ pub struct Turn {
 }
 
 impl Turn {
-    pub fn finish(mut self, steps: usize) -> Option<TurnOutcome> {
+    /// The generation produced its last token at `at` with `steps` decode steps. `at` is
+    /// stamped on the MLX thread: a window queued behind this turn starts after it, while
+    /// the serving thread may only see the turn end a moment later.
+    pub fn finish(mut self, steps: usize, at: Instant) -> Option<TurnOutcome> {
         self.done = true;
-        self.training.turn_end(self.id, self.start, steps)
+        self.training.turn_end(self.id, self.start, steps, Some(at))
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
         if !self.done {
-            self.training.turn_end(self.id, self.start, 0);
+            self.training.turn_end(self.id, self.start, 0, None);
         }
     }
 }
