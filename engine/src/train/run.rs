@@ -398,11 +398,11 @@ async fn windows(engine: &Weak<Engine>, run: &Arc<Run>) -> Result<bool> {
             // r0 is stale while turns keep landing in windows: stay out until a clean turn
             // measures it (or the probe times out).
             run.update(|s| s.forced_pauses += 1);
-            let until = training.now() + PROBE_PAUSE.as_secs_f64();
-            while training.ledger().pacer.probe_due(training.now()) && training.now() < until && !run.cancelled() {
+            let from = training.now();
+            while training.ledger().pacer.probe_due(training.now()) && training.now() - from < PROBE_PAUSE.as_secs_f64() && !run.cancelled() {
                 run.sleep(Duration::from_millis(100)).await;
             }
-            run.update(|s| s.yielded_s += PROBE_PAUSE.as_secs_f64().min(training.now() - (until - PROBE_PAUSE.as_secs_f64())));
+            run.update(|s| s.yielded_s += training.now() - from);
             continue;
         }
         // A window never starts on a model that is being unloaded: unloading stops the run
