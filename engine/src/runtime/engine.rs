@@ -358,6 +358,10 @@ impl Engine {
     pub fn model_info(&self, id: &str) -> Result<ModelInfo> {
         if let Some((base, name)) = id.rsplit_once('+') {
             let info = self.model_info(base)?;
+            if info.adapter.is_some() {
+                // `a+b+c`: adapters do not stack.
+                return Err(EngineError::ModelNotFound(id.to_string()));
+            }
             let dir = crate::train::lora::adapter_dir(&self.config.models_dir, &info.id, name);
             if !crate::train::lora::valid_name(name) || !dir.join("adapters.safetensors").is_file() {
                 return Err(EngineError::ModelNotFound(id.to_string()));
@@ -411,12 +415,8 @@ impl Engine {
         Ok(lease)
     }
 
-    /// A lease on `id` if it is loaded now (background work never loads a model).
-    pub(crate) fn lease_resident(&self, id: &str) -> Option<Lease> {
-        self.lease_if_resident(id)
-    }
-
-    fn lease_if_resident(&self, id: &str) -> Option<Lease> {
+    /// A lease on `id` if it is loaded now (background work uses this: it never loads a model).
+    pub(crate) fn lease_if_resident(&self, id: &str) -> Option<Lease> {
         let mut r = self.resident.lock().unwrap_or_else(|e| e.into_inner());
         let at = r.iter().position(|m| m.info.id == id)?;
         let mut m = r.remove(at);
@@ -500,7 +500,6 @@ impl Engine {
         user.queue();
         let permit = self.gate.acquire(super::Policy::WaitForTurn).await.map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
         user.start();
-        let turn = self.training.turn_begin();
         let first: Arc<Mutex<Option<Instant>>> = Arc::default();
         let (engine, id, seen) = (self.clone(), id.to_string(), first.clone());
         let g = tokio::task::spawn_blocking(move || {
@@ -508,9 +507,6 @@ impl Engine {
             let r = engine.generate_blocking(&id, prompt, params, cancel, move |_, _| {
                 seen.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(Instant::now);
             });
-            if let Ok(g) = &r {
-                turn.finish(g.tokens.len(), g.finished_at);
-            }
             drop((permit, lease, user));
             r
         })
@@ -520,8 +516,9 @@ impl Engine {
         Ok((g, ttft))
     }
 
-    /// Generate with resident model `id` on the MLX thread and wait for the result. The caller
-    /// holds a lease on `id` and the gate.
+    /// Generate with resident model `id` on the MLX thread and wait for the result: one user
+    /// turn, reported to the training receipt (SPEC §6). The caller holds a lease on `id` and
+    /// the gate.
     pub fn generate_blocking(
         &self,
         id: &str,
@@ -536,26 +533,25 @@ impl Engine {
             m.mtp_warm.clone()
         });
         let owned = id.to_string();
+        // The turn starts before the MLX thread takes it: a window running now delays it.
+        let turn = self.training.turn_begin();
         let g = self.on_worker(move |w| {
-            let model = w.models.get(&owned).ok_or_else(|| EngineError::Internal(format!("model `{owned}` is not loaded")))?;
-            let adapter = match &params.adapter {
-                Some(a) => Some(adapter_for(&mut w.adapters, model, a)?),
+            let Worker { models, adapters, .. } = w;
+            let model = models.get_mut(&owned).ok_or_else(|| EngineError::Internal(format!("model `{owned}` is not loaded")))?;
+            // The adapter applies to this generation only; background work never sees it.
+            model.adapter = match &params.adapter {
+                Some(a) => Some(adapter_for(adapters, model, a)?),
                 None => None,
             };
-            let model = w.models.get_mut(&owned).ok_or_else(|| EngineError::Internal(format!("model `{owned}` is not loaded")))?;
-            // Every generation sets the adapter it runs with, so none leaks into the next.
-            model.adapter = adapter;
-            let model = &*model;
             let mut params = params;
             if params.draft == DraftMode::None && default_draft != "none" {
                 params.draft = DraftMode::parse(&default_draft, model).unwrap_or(DraftMode::None);
             }
             let g = generate_streaming(model, &prompt, &params, Some(&cancel), &mut on_piece);
-            if let Some(m) = w.models.get_mut(&owned) {
-                m.adapter = None;
-            }
+            model.adapter = None;
             g
         })?;
+        turn.finish(g.tokens.len(), g.finished_at);
         // A real MTP generation pays the cold costs a skipped load-time warmup left.
         if g.draft.as_ref().is_some_and(|d| d.mode == "mtp") {
             if let Some(w) = warm {

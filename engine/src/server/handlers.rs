@@ -280,15 +280,9 @@ fn run(app: Arc<App>, id: String, n: u64, p: Prepared, held: (GatePermit, Lease)
     params.logprobs = p.req.logprobs;
     params.json_mode = p.req.json_mode;
     let pieces = tx.clone();
-    // The training receipt sees every user turn: from here (a window running now delays it)
-    // to the last token (SPEC §6).
-    let turn = app.engine.training.turn_begin();
     let result = app.engine.generate_blocking(&p.info.id, p.prompt.clone(), params, cancel, move |text, lps| {
         let _ = pieces.send(Msg::Piece(text.to_string(), lps.to_vec()));
     });
-    if let Ok(g) = &result {
-        turn.finish(g.tokens.len(), g.finished_at);
-    }
     app.in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(&n);
     let endpoint = endpoint_name(p.req.endpoint);
     let mut rec = RequestRecord {

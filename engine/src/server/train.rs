@@ -31,7 +31,7 @@ pub async fn start(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejecti
     let req = request::parse(&bytes).map_err(|e| ApiError::invalid(&e.param, e.to_string()))?;
     match app.engine.start_training(req).await {
         Ok(run) => Ok((StatusCode::CREATED, Json(run.status(&app.engine.training))).into_response()),
-        Err(StartError::Busy(state)) => Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", format!("A training run is already {state:?}; cancel it first (POST /train/cancel)").to_lowercase()).code("training_running")),
+        Err(e @ StartError::Busy(_)) => Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string()).code("training_running")),
         Err(StartError::Field(e)) => Err(ApiError::invalid(&e.param, e.to_string())),
         Err(StartError::Engine(e)) => Err(e.into()),
     }

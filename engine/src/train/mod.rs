@@ -100,34 +100,28 @@ impl Training {
         l.in_window = false;
     }
 
-    /// Called on the MLX thread as a window's work begins and ends.
+    /// Called on the MLX thread as a window's work begins and ends; the run's end closes the
+    /// last window. Each returns the time it stamped.
     fn window_started(&self) -> f64 {
-        let t = self.now();
-        let mut l = self.ledger();
-        l.in_window = true;
-        if let Some(r) = l.receipt.as_mut() {
-            r.window_started(t);
-        }
-        t
+        self.mark(true, Receipt::window_started)
     }
 
     fn window_ended(&self) -> f64 {
-        let t = self.now();
-        let mut l = self.ledger();
-        l.in_window = false;
-        if let Some(r) = l.receipt.as_mut() {
-            r.window_ended(t);
-        }
-        t
+        self.mark(false, Receipt::window_ended)
     }
 
-    fn run_ended(&self) {
+    fn run_ended(&self) -> f64 {
+        self.mark(false, Receipt::run_ended)
+    }
+
+    fn mark(&self, in_window: bool, on_receipt: fn(&mut Receipt, f64)) -> f64 {
         let t = self.now();
         let mut l = self.ledger();
-        l.in_window = false;
+        l.in_window = in_window;
         if let Some(r) = l.receipt.as_mut() {
-            r.run_ended(t);
+            on_receipt(r, t);
         }
+        t
     }
 
     /// Receipt summary, pacer, and whether a window runs now, in one short lock.

@@ -22,9 +22,10 @@ use super::Training;
 use crate::error::{EngineError, Result};
 use crate::runtime::Engine;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunState {
+    #[default]
     Starting,
     Running,
     Paused,
@@ -48,6 +49,8 @@ const SPANS_LISTED: usize = 64;
 /// Points of the loss curve kept: when full, every other point is dropped.
 const CURVE_POINTS: usize = 512;
 
+/// What `GET /train` returns: built from the run's progress, the pacer and the receipt at
+/// the moment it is asked for.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunStatus {
     pub state: RunState,
@@ -91,63 +94,116 @@ pub struct RunStatus {
     pub elapsed_s: f64,
     /// The newest windows as [start, end] on the receipt's clock, and that clock now: a
     /// client can tell which of its own turns overlapped training.
-    pub recent_windows: VecDeque<(f64, f64)>,
+    pub recent_windows: Vec<(f64, f64)>,
     pub clock_s: f64,
-    #[serde(skip)]
+}
+
+/// What the run has done so far (the part of the status that is not derived).
+#[derive(Debug, Default)]
+struct Progress {
+    state: RunState,
+    error: Option<String>,
+    adapter_saved: bool,
+    epochs: Vec<EpochLoss>,
+    steps: usize,
+    tokens_trained: usize,
+    loss_curve: Vec<(usize, f32)>,
+    /// Every `curve_stride`-th step is on the curve (doubles when it fills up).
     curve_stride: usize,
-    #[serde(skip)]
+    windows: usize,
     window_lengths: VecDeque<f64>,
-    #[serde(skip)]
+    recent_windows: VecDeque<(f64, f64)>,
+    window_s_total: f64,
     train_window_s: f64,
-    #[serde(skip)]
-    started: f64,
+    yielded_s: f64,
+    forced_pauses: usize,
+    ended_at: Option<f64>,
 }
 
 pub struct Run {
     pub model: String,
     pub adapter: String,
     pub dir: PathBuf,
+    pacing: Pacing,
     window_batches: usize,
+    samples: (usize, usize),
+    epochs: usize,
+    /// On the receipt's clock.
+    started: f64,
     cancel: AtomicBool,
     paused: AtomicBool,
     wake: Notify,
-    status: Mutex<RunStatus>,
+    progress: Mutex<Progress>,
 }
 
 impl Run {
-    fn update(&self, f: impl FnOnce(&mut RunStatus)) {
-        f(&mut self.status.lock().unwrap_or_else(|e| e.into_inner()));
+    fn update(&self, f: impl FnOnce(&mut Progress)) {
+        f(&mut self.progress.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+
+    fn state(&self) -> RunState {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner()).state
     }
 
     pub fn is_active(&self) -> bool {
-        matches!(self.status.lock().unwrap_or_else(|e| e.into_inner()).state, RunState::Starting | RunState::Running | RunState::Paused)
+        matches!(self.state(), RunState::Starting | RunState::Running | RunState::Paused)
     }
 
     pub fn status(&self, training: &Training) -> RunStatus {
         let (receipt, pacer, in_window) = training.snapshot();
-        let mut s = self.status.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        s.receipt = receipt;
-        s.in_window = in_window;
-        s.decode_tps_clean = pacer.r0.map(|r| r.tps);
-        s.decode_tps_in_window = pacer.rw.map(|r| r.tps);
-        let active = s.window_s_total + s.yielded_s;
-        let share = if active > 0.0 { s.window_s_total / active } else { 0.0 };
+        let now = training.now();
+        let p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        let active = p.window_s_total + p.yielded_s;
+        let share = if active > 0.0 { p.window_s_total / active } else { 0.0 };
         let kept = match (pacer.r0, pacer.rw) {
             (Some(r0), Some(rw)) if r0.tps > 0.0 => (rw.tps / r0.tps).clamp(0.0, 1.0),
             _ => 0.0,
         };
-        s.window_share_ppm = (share * 1e6).round() as u32;
-        s.realised_slowdown_ppm = (share * (1.0 - kept) * 1e6).round() as u32;
-        let mut lengths: Vec<f64> = s.window_lengths.iter().copied().collect();
+        let mut lengths: Vec<f64> = p.window_lengths.iter().copied().collect();
         lengths.sort_by(f64::total_cmp);
         let pick = |q: f64| (!lengths.is_empty()).then(|| lengths[((lengths.len() - 1) as f64 * q).round() as usize]);
-        (s.window_s_p50, s.window_s_p95, s.window_s_max) = (pick(0.5), pick(0.95), lengths.last().copied());
-        s.train_tokens_per_s = (s.train_window_s > 0.0).then(|| s.tokens_trained as f64 / s.train_window_s);
-        if self.is_active() {
-            s.elapsed_s = training.now() - s.started;
+        RunStatus {
+            state: p.state,
+            error: p.error.clone(),
+            model: self.model.clone(),
+            adapter: self.adapter.clone(),
+            adapter_model: format!("{}+{}", self.model, self.adapter),
+            adapter_saved: p.adapter_saved,
+            pacing: self.pacing,
+            window_batches: self.window_batches,
+            samples_train: self.samples.0,
+            samples_eval: self.samples.1,
+            epochs_total: self.epochs,
+            epochs: p.epochs.clone(),
+            steps: p.steps,
+            tokens_trained: p.tokens_trained,
+            train_tokens_per_s: (p.train_window_s > 0.0).then(|| p.tokens_trained as f64 / p.train_window_s),
+            loss_curve: p.loss_curve.clone(),
+            windows: p.windows,
+            window_s_p50: pick(0.5),
+            window_s_p95: pick(0.95),
+            window_s_max: lengths.last().copied(),
+            window_s_total: p.window_s_total,
+            yielded_s: p.yielded_s,
+            forced_pauses: p.forced_pauses,
+            window_share_ppm: (share * 1e6).round() as u32,
+            realised_slowdown_ppm: (share * (1.0 - kept) * 1e6).round() as u32,
+            decode_tps_clean: pacer.r0.map(|r| r.tps),
+            decode_tps_in_window: pacer.rw.map(|r| r.tps),
+            in_window,
+            receipt,
+            elapsed_s: p.ended_at.unwrap_or(now) - self.started,
+            recent_windows: p.recent_windows.iter().copied().collect(),
+            clock_s: now,
         }
-        s.clock_s = training.now();
-        s
+    }
+
+    /// The run is over (`at` on the receipt's clock; NaN when the engine is gone).
+    fn end(&self, state: RunState, error: Option<String>, at: f64) {
+        self.update(|p| {
+            (p.state, p.error) = (state, error);
+            p.ended_at = Some(if at.is_nan() { p.ended_at.unwrap_or(self.started) } else { at });
+        });
     }
 
     pub fn pause(&self) {
@@ -221,10 +277,10 @@ impl Run {
             for &(loss, n) in &report.batches {
                 s.steps += 1;
                 s.tokens_trained += n;
-                if s.steps % s.curve_stride == 0 {
+                if s.steps % s.curve_stride.max(1) == 0 {
                     s.loss_curve.push((s.steps, loss));
                     if s.loss_curve.len() >= CURVE_POINTS {
-                        s.curve_stride *= 2;
+                        s.curve_stride = s.curve_stride.max(1) * 2;
                         let stride = s.curve_stride;
                         s.loss_curve.retain(|(step, _)| step % stride == 0);
                     }
@@ -246,7 +302,7 @@ impl Run {
 /// Why a run could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("a training run is already {0:?} (cancel it first)")]
+    #[error("A training run is already active ({0:?}); cancel it first (POST /train/cancel)")]
     Busy(RunState),
     #[error("{0}")]
     Field(FieldError),
@@ -262,7 +318,7 @@ impl Engine {
     /// Start a training run on the requested (or loaded) model.
     pub async fn start_training(self: &Arc<Self>, req: TrainRequest) -> std::result::Result<Arc<Run>, StartError> {
         if let Some(active) = self.training.current().filter(|r| r.is_active()) {
-            return Err(StartError::Busy(active.status.lock().unwrap_or_else(|e| e.into_inner()).state));
+            return Err(StartError::Busy(active.state()));
         }
         let model = match req.model.clone().or_else(|| self.loaded().map(|m| m.id)) {
             Some(m) => m,
@@ -292,53 +348,28 @@ impl Engine {
         }
         let (train, eval) = split(all, req.eval_fraction, req.seed);
         let setup = TrainSetup { lora: req.lora, train, eval, epochs: req.epochs, batch_size: req.batch_size, learning_rate: req.learning_rate, weight_decay: req.weight_decay, seed: req.seed };
-        let status = RunStatus {
-            state: RunState::Starting,
-            error: None,
+        let run = Arc::new(Run {
             model: info.id.clone(),
-            adapter: req.adapter.clone(),
-            adapter_model: format!("{}+{}", info.id, req.adapter),
-            adapter_saved: false,
+            adapter: req.adapter,
+            dir,
             pacing: req.pacing,
             window_batches: req.window_batches,
-            samples_train: setup.train.len(),
-            samples_eval: setup.eval.len(),
-            epochs_total: setup.epochs,
-            epochs: vec![],
-            steps: 0,
-            tokens_trained: 0,
-            train_tokens_per_s: None,
-            loss_curve: vec![],
-            windows: 0,
-            window_s_p50: None,
-            window_s_p95: None,
-            window_s_max: None,
-            window_s_total: 0.0,
-            yielded_s: 0.0,
-            forced_pauses: 0,
-            window_share_ppm: 0,
-            realised_slowdown_ppm: 0,
-            decode_tps_clean: None,
-            decode_tps_in_window: None,
-            in_window: false,
-            receipt: ReceiptSummary::default(),
-            elapsed_s: 0.0,
-            recent_windows: VecDeque::new(),
-            clock_s: 0.0,
-            curve_stride: 1,
-            window_lengths: VecDeque::new(),
-            train_window_s: 0.0,
+            samples: (setup.train.len(), setup.eval.len()),
+            epochs: setup.epochs,
             started: self.training.now(),
-        };
-        let run = Arc::new(Run { model: info.id.clone(), adapter: req.adapter, dir, window_batches: req.window_batches, cancel: AtomicBool::new(false), paused: AtomicBool::new(false), wake: Notify::new(), status: Mutex::new(status) });
+            cancel: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
+            wake: Notify::new(),
+            progress: Mutex::default(),
+        });
         if let Err(active) = self.training.install(run.clone()) {
-            return Err(StartError::Busy(active.status.lock().unwrap_or_else(|e| e.into_inner()).state));
+            return Err(StartError::Busy(active.state()));
         }
         // Load the model if needed; the lease only covers the load and the trainer's setup.
         let lease = match self.lease_model(&info.id).await {
             Ok(l) => l,
             Err(e) => {
-                run.update(|s| (s.state, s.error) = (RunState::Failed, Some(e.to_string())));
+                run.end(RunState::Failed, Some(e.to_string()), self.training.now());
                 return Err(e.into());
             }
         };
@@ -352,8 +383,7 @@ impl Engine {
         let created = created.await.map_err(|_| EngineError::Internal("the MLX thread dropped the task".into())).and_then(|r| r);
         drop(lease);
         if let Err(e) = created {
-            run.update(|s| (s.state, s.error) = (RunState::Failed, Some(e.to_string())));
-            self.training.run_ended();
+            run.end(RunState::Failed, Some(e.to_string()), self.training.run_ended());
             return Err(e.into());
         }
         run.update(|s| s.state = if run.paused.load(Ordering::SeqCst) { RunState::Paused } else { RunState::Running });
@@ -365,24 +395,21 @@ impl Engine {
 /// The run's loop: window, yield, repeat; then save the adapter and close the receipt.
 async fn drive(engine: Weak<Engine>, run: Arc<Run>) {
     let outcome = windows(&engine, &run).await;
-    let training = engine.upgrade().map(|e| e.training.clone());
-    let saved = match engine.upgrade() {
-        Some(e) => save(&e, &run).await,
-        None => Err(EngineError::Internal("the engine stopped before the adapter was saved".into())),
+    let (saved, at) = match engine.upgrade() {
+        Some(e) => {
+            let saved = save(&e, &run).await;
+            (saved, e.training.run_ended())
+        }
+        None => (Err(EngineError::Internal("the engine stopped before the adapter was saved".into())), f64::NAN),
     };
-    if let Some(t) = &training {
-        t.run_ended();
-    }
-    run.update(|s| {
-        s.adapter_saved = saved.as_ref().is_ok_and(|w| *w);
-        s.elapsed_s = training.as_ref().map_or(s.elapsed_s, |t| t.now() - s.started);
-        (s.state, s.error) = match (&outcome, &saved) {
-            (Err(e), _) | (Ok(_), Err(e)) => (RunState::Failed, Some(e.to_string())),
-            (Ok(true), _) => (RunState::Completed, None),
-            (Ok(false), _) => (RunState::Cancelled, None),
-        };
-    });
-    tracing::info!(model = %run.model, adapter = %run.adapter, state = ?run.status.lock().unwrap_or_else(|e| e.into_inner()).state, "training run ended");
+    let (state, error) = match (&outcome, &saved) {
+        (Err(e), _) | (Ok(_), Err(e)) => (RunState::Failed, Some(e.to_string())),
+        (Ok(true), _) => (RunState::Completed, None),
+        (Ok(false), _) => (RunState::Cancelled, None),
+    };
+    run.update(|p| p.adapter_saved = saved.is_ok_and(|w| w));
+    run.end(state, error, at);
+    tracing::info!(model = %run.model, adapter = %run.adapter, ?state, "training run ended");
 }
 
 /// Windows until the data is done (`Ok(true)`) or the run is stopped (`Ok(false)`).
@@ -407,7 +434,7 @@ async fn windows(engine: &Weak<Engine>, run: &Arc<Run>) -> Result<bool> {
         }
         // A window never starts on a model that is being unloaded: unloading stops the run
         // first, and a model that is gone has no lease to give.
-        let Some(lease) = e.lease_resident(&run.model) else {
+        let Some(lease) = e.lease_if_resident(&run.model) else {
             return Err(EngineError::Internal(format!("model `{}` is no longer loaded", run.model)));
         };
         let (r, t, k) = (run.clone(), training.clone(), run.window_batches);
@@ -436,7 +463,7 @@ async fn windows(engine: &Weak<Engine>, run: &Arc<Run>) -> Result<bool> {
 
 /// Save the adapter (if it took a step) and free the trainer; `Ok(true)` when written.
 async fn save(e: &Arc<Engine>, run: &Arc<Run>) -> Result<bool> {
-    let steps = run.status.lock().unwrap_or_else(|e| e.into_inner()).steps;
+    let steps = run.progress.lock().unwrap_or_else(|e| e.into_inner()).steps;
     let (dir, meta) = (run.dir.clone(), serde_json::json!({"base_model": run.model, "steps": steps}));
     let training = e.training.clone();
     let rx = e.on_worker_async(move |w| {

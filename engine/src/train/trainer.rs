@@ -106,9 +106,9 @@ impl Trainer {
                 }
                 Phase::Train { epoch, at } => {
                     let end = (at + bs).min(self.order.len());
-                    let owned: Vec<Sample> = self.order[at..end].iter().map(|&i| self.setup.train[i].clone()).collect();
-                    let batch: Vec<&Sample> = owned.iter().collect();
-                    let (loss, n) = self.train_batch(model.net.as_ref(), &batch)?;
+                    let batch: Vec<&Sample> = self.order[at..end].iter().map(|&i| &self.setup.train[i]).collect();
+                    let arrays = batch_arrays(&batch)?;
+                    let (loss, n) = self.train_batch(model.net.as_ref(), arrays)?;
                     report.batches.push((loss, n));
                     self.sums = (self.sums.0 + loss as f64 * n as f64, self.sums.1 + n);
                     if end >= self.order.len() {
@@ -130,8 +130,7 @@ impl Trainer {
         Phase::Train { epoch, at: 0 }
     }
 
-    fn train_batch(&mut self, net: &dyn Architecture, batch: &[&Sample]) -> Result<(f32, usize)> {
-        let (inputs, targets, mask, n) = batch_arrays(batch)?;
+    fn train_batch(&mut self, net: &dyn Architecture, (inputs, targets, mask, n): BatchArrays) -> Result<(f32, usize)> {
         let (spec, dims, slots) = (&self.setup.lora, &self.dims, &self.slots);
         let loss_fn = |params: &[Array]| -> std::result::Result<Vec<Array>, mlx_rs::error::Exception> {
             let lora = Lora::from_params(spec, dims, slots, params);
@@ -163,7 +162,9 @@ impl Trainer {
 }
 
 /// Inputs, targets and loss mask of a padded batch ([B, L−1] each) and its target count.
-fn batch_arrays(batch: &[&Sample]) -> Result<(Array, Array, Array, usize)> {
+type BatchArrays = (Array, Array, Array, usize);
+
+fn batch_arrays(batch: &[&Sample]) -> Result<BatchArrays> {
     let len = batch.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
     if len < 2 {
         return Err(EngineError::InvalidRequest("a training sample needs at least two tokens".into()));
