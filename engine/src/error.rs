@@ -12,6 +12,9 @@ pub enum EngineError {
     #[error("model `{0}` not found (looked for an installed model id and for a directory)")]
     ModelNotFound(String),
 
+    #[error("{0}")]
+    InvalidModel(#[from] crate::runtime::ModelRefError),
+
     #[error("{file}: {msg}")]
     Config { file: PathBuf, msg: String },
 

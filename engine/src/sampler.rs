@@ -174,7 +174,9 @@ impl Sampler {
     pub fn filtered(&self, logits: &Array) -> Result<Array> {
         let p = &self.params;
         let mut logits = logits.multiply(Array::from_f32(1.0 / p.temperature))?;
-        if p.top_k > 0 && (p.top_k as i32) < self.vocab {
+        // Compared wide: a top_k past i32 (clients send "no limit" as huge numbers) must not
+        // wrap negative; any k at or past the vocabulary keeps every token.
+        if p.top_k > 0 && i64::from(p.top_k) < i64::from(self.vocab) {
             logits = keep_top_k(&logits, p.top_k as i32)?;
         }
         if p.min_p > 0.0 {
@@ -304,6 +306,16 @@ mod tests {
         assert_eq!(finite(keep_top_p(&logits, 0.5).unwrap()), vec![true, false, false, false]);
         // min_p 0.3: keep p >= 0.3 * 0.61 = 0.18.
         assert_eq!(finite(keep_min_p(&logits, 0.3).unwrap()), vec![true, true, false, false]);
+    }
+
+    #[test]
+    fn a_top_k_past_i32_keeps_every_token() {
+        let logits = Array::from_slice(&[2.0f32, 1.0, 0.5, -3.0], &[1, 4]);
+        for top_k in [4, 1 << 31, u32::MAX] {
+            let s = Sampler::new(SamplingParams { temperature: 1.0, top_k, ..Default::default() }, 4, &[]).unwrap();
+            let kept = s.filtered(&logits).unwrap();
+            assert!(kept.as_slice::<f32>().iter().all(|x| x.is_finite()), "top_k {top_k}");
+        }
     }
 
     #[test]

@@ -128,6 +128,12 @@ async fn every_bad_input_gets_a_clear_error() {
     assert_eq!((st, b["error"]["code"].as_str()), (404, Some("model_not_found")), "{b}");
     let (st, b) = post(&s, "/v1/chat/completions", chat_body(json!({"model": "../qwen3"}))).await;
     assert_eq!(st, 404, "paths are not model ids: {b}");
+    // A model id of 60 000 `+` (under this test's body cap) once recursed per `+` and
+    // overflowed the stack, killing the process; stacked adapters are refused by name.
+    for model in ["+".repeat(60_000), "qwen3+a+b".into()] {
+        let (st, b) = post(&s, "/v1/chat/completions", chat_body(json!({"model": model}))).await;
+        assert_eq!((st, b["error"]["param"].as_str()), (400, Some("model")), "{b}");
+    }
     // The fixture's context is 2048 tokens.
     let (st, b) = post(&s, "/v1/completions", json!({"model": "qwen3", "prompt": vec![464; 3000]})).await;
     assert_eq!((st, b["error"]["code"].as_str()), (400, Some("context_length_exceeded")), "{b}");

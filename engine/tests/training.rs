@@ -189,9 +189,9 @@ async fn a_run_lowers_held_out_loss_and_its_adapter_serves() {
     assert_eq!((code, e["error"]["param"].as_str()), (400, Some("adapter")), "{e}");
     let (code, _) = complete(&s, "qwen3-mtp+nope", prompt, 4).await;
     assert_eq!(code, 404);
-    // Adapters do not stack.
-    let (code, _) = complete(&s, "qwen3-mtp+cycle+cycle", prompt, 4).await;
-    assert_eq!(code, 404);
+    // Adapters do not stack: a 400 naming the field.
+    let (code, e) = complete(&s, "qwen3-mtp+cycle+cycle", prompt, 4).await;
+    assert_eq!((code, e["error"]["param"].as_str()), (400, Some("model")), "{e}");
     let (_, health) = call(&s, "GET", "/health", None).await;
     assert_eq!(health["leases"]["total"], 0, "{health}");
     s.shutdown().await;

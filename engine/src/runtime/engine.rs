@@ -12,6 +12,7 @@ use serde::Serialize;
 use super::background::{Scratch, WorkerWork};
 use super::ladder::{LadderConfig, LadderStatus, WarmupLadder};
 use super::warmup::{warm_at_load, WarmupOutcome};
+use super::model_ref::ModelRef;
 use super::{Foreground, Gate, Lease, Leases};
 use crate::error::{EngineError, Result};
 use crate::generate::{generate_streaming, AdapterRef, DraftMode, GenerateParams, Generation, TokenLogprob};
@@ -356,18 +357,21 @@ impl Engine {
     /// request must not make the engine read arbitrary directories). `model+adapter` names
     /// a LoRA adapter trained on that model.
     pub fn model_info(&self, id: &str) -> Result<ModelInfo> {
-        if let Some((base, name)) = id.rsplit_once('+') {
-            let info = self.model_info(base)?;
-            if info.adapter.is_some() {
-                // `a+b+c`: adapters do not stack.
-                return Err(EngineError::ModelNotFound(id.to_string()));
-            }
-            let dir = crate::train::lora::adapter_dir(&self.config.models_dir, &info.id, name);
-            if !crate::train::lora::valid_name(name) || !dir.join("adapters.safetensors").is_file() {
-                return Err(EngineError::ModelNotFound(id.to_string()));
-            }
-            return Ok(ModelInfo { adapter: Some(AdapterRef { name: name.to_string(), dir }), ..info });
+        self.resolve(&id.parse()?)
+    }
+
+    /// `model_info` for a reference parsed already.
+    pub fn resolve(&self, r: &ModelRef) -> Result<ModelInfo> {
+        let info = self.base_info(&r.base)?;
+        let Some(name) = &r.adapter else { return Ok(info) };
+        let dir = crate::train::lora::adapter_dir(&self.config.models_dir, &info.id, name);
+        if !crate::train::lora::valid_name(name) || !dir.join("adapters.safetensors").is_file() {
+            return Err(EngineError::ModelNotFound(r.to_string()));
         }
+        Ok(ModelInfo { adapter: Some(AdapterRef { name: name.clone(), dir }), ..info })
+    }
+
+    fn base_info(&self, id: &str) -> Result<ModelInfo> {
         if let Some(info) = self.known.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
             return Ok(info.clone());
         }

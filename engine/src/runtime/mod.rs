@@ -9,6 +9,7 @@ pub mod foreground;
 pub mod gate;
 pub mod ladder;
 pub mod lease;
+pub mod model_ref;
 pub mod warmup;
 
 pub use engine::{Engine, EngineConfig, KeepAlive};
@@ -16,3 +17,4 @@ pub use foreground::{Foreground, ForegroundSnapshot, UserRequest};
 pub use gate::{Gate, GateError, GatePermit, Policy};
 pub use ladder::{LadderConfig, LadderState, WarmupLadder};
 pub use lease::{Lease, Leases};
+pub use model_ref::{ModelRef, ModelRefError};

@@ -58,6 +58,7 @@ impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> ApiError {
         match e {
             EngineError::ModelNotFound(id) => ApiError::model_not_found(&id),
+            EngineError::InvalidModel(e) => ApiError::invalid("model", e.to_string()),
             EngineError::InvalidRequest(msg) => ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", msg),
             other => {
                 tracing::error!(error = %other, "engine error");

@@ -5,6 +5,7 @@ use serde_json::{Map, Value};
 
 use super::error::ApiError;
 use crate::config::SamplingDefaults;
+use crate::runtime::ModelRef;
 use crate::generate::GenerateParams;
 use crate::sampler::SamplingParams;
 use crate::tokenizer::ChatMessage;
@@ -25,7 +26,7 @@ pub enum Input {
 #[derive(Debug, Clone)]
 pub struct ParsedRequest {
     pub endpoint: Endpoint,
-    pub model: String,
+    pub model: ModelRef,
     pub input: Input,
     pub stream: bool,
     pub include_usage: bool,
@@ -104,7 +105,7 @@ pub fn parse_with(endpoint: Endpoint, bytes: &[u8], defaults: &SamplingDefaults)
     };
     let b = Body(map);
     let model = match b.get("model") {
-        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        Some(Value::String(s)) if !s.is_empty() => s.parse::<ModelRef>().map_err(|e| ApiError::invalid("model", e.to_string()))?,
         Some(v) if !v.is_string() => return Err(ApiError::invalid("model", format!("`model` must be a string; got {}", kind(v))).code("invalid_type")),
         _ => return Err(ApiError::invalid("model", "`model` is required (see GET /v1/models)").code("missing_required_parameter")),
     };

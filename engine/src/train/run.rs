@@ -324,10 +324,11 @@ impl Engine {
             Some(m) => m,
             None => return Err(field("model", "no model is loaded; name one")),
         };
-        if model.contains('+') {
+        let model: crate::runtime::ModelRef = model.parse().map_err(|e: crate::runtime::ModelRefError| field("model", e.to_string()))?;
+        if model.adapter.is_some() {
             return Err(field("model", "train a base model, not an adapter"));
         }
-        let info = self.model_info(&model).map_err(|e| field("model", e.to_string()))?;
+        let info = self.resolve(&model).map_err(|e| field("model", e.to_string()))?;
         let dir = super::lora::adapter_dir(&self.config.models_dir, &info.id, &req.adapter);
         if dir.exists() {
             return Err(field("adapter", format!("`{}` already exists for `{}`; pick another name", req.adapter, info.id)));
