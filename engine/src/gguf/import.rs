@@ -92,6 +92,12 @@ fn write_model(g: &GgufFile, arch: &str, dir: &Path, opts: &ImportOptions) -> Re
         }
         if arch == "llama" && (hf.ends_with("q_proj.weight") || hf.ends_with("k_proj.weight")) {
             let n = if hf.ends_with("q_proj.weight") { heads } else { kv_heads };
+            if info.shape[0] % (2 * n) != 0 {
+                return Err(EngineError::BadWeights {
+                    file: g.path.clone(),
+                    msg: format!("tensor `{}` has {} rows, not a whole number of {n} heads' rotary pairs", info.name, info.shape[0]),
+                });
+            }
             data = unpermute_rows(&data, &info.shape, n);
         }
         let shape: Vec<i32> = info.shape.iter().map(|&d| d as i32).collect();
@@ -231,11 +237,17 @@ fn translate_config(g: &GgufFile, arch: &str, vocab: usize) -> Result<Value> {
     let need = |k: &str| {
         g.u64(&key(k)).ok_or_else(|| EngineError::BadWeights { file: g.path.clone(), msg: format!("GGUF metadata lacks `{}`", key(k)) })
     };
-    let hidden = need("embedding_length")?;
-    let heads = need("attention.head_count")?;
-    let kv_heads = g.u64(&key("attention.head_count_kv")).unwrap_or(heads);
-    let head_dim = g.u64(&key("attention.key_length")).unwrap_or(hidden / heads);
-    let layers = need("block_count")?;
+    // Zero or mismatched sizes would divide by zero here or in the weight reshapes.
+    let bad = |k: &str, msg: String| EngineError::BadWeights { file: g.path.clone(), msg: format!("GGUF metadata `{}` {msg}", key(k)) };
+    let positive = |k: &str, v: u64| if v == 0 { Err(bad(k, "is 0".into())) } else { Ok(v) };
+    let hidden = positive("embedding_length", need("embedding_length")?)?;
+    let heads = positive("attention.head_count", need("attention.head_count")?)?;
+    let kv_heads = positive("attention.head_count_kv", g.u64(&key("attention.head_count_kv")).unwrap_or(heads))?;
+    if heads % kv_heads != 0 {
+        return Err(bad("attention.head_count_kv", format!("({kv_heads}) does not divide the head count ({heads})")));
+    }
+    let head_dim = positive("attention.key_length", g.u64(&key("attention.key_length")).unwrap_or(hidden / heads))?;
+    let layers = positive("block_count", need("block_count")?)?;
     let ctx = g.u64(&key("context_length")).unwrap_or(4096);
     let eps = g.f64(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6);
     let rope_base = g.f64(&key("rope.freq_base"));

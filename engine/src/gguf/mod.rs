@@ -57,18 +57,42 @@ fn candle_type(t: u32) -> Option<candle_core::quantized::GgmlDType> {
     })
 }
 
+/// Most dimensions a ggml tensor has.
+const MAX_DIMS: u32 = 4;
+/// Most items a metadata array may hold: real vocabularies and merge lists stay under a few
+/// million, and each item costs tens of bytes in memory however small it is on disk.
+const MAX_ARRAY: u64 = 1 << 24;
+/// Largest `general.alignment` accepted (llama.cpp writes 32).
+const MAX_ALIGNMENT: u64 = 1 << 16;
+
+/// The header reader. Every count read from the file is checked against the bytes left
+/// before anything is allocated for it: the file is untrusted, its size is not.
 struct Header<R> {
     r: R,
     path: PathBuf,
+    /// Bytes read so far, and the file's size.
+    pos: u64,
+    size: u64,
 }
 
 impl<R: Read> Header<R> {
     fn bad(&self, msg: impl Into<String>) -> EngineError {
         EngineError::BadWeights { file: self.path.clone(), msg: msg.into() }
     }
+    fn left(&self) -> u64 {
+        self.size.saturating_sub(self.pos)
+    }
+    /// A count of items of at least `min_bytes` each, which must fit in what is left of the file.
+    fn count(&self, n: u64, min_bytes: u64, what: &str) -> Result<usize> {
+        if n.saturating_mul(min_bytes) > self.left() {
+            return Err(self.bad(format!("{what}: {n} entries cannot fit in the {} bytes left of the file", self.left())));
+        }
+        usize::try_from(n).map_err(|_| self.bad(format!("{what}: {n} entries")))
+    }
     fn bytes<const N: usize>(&mut self) -> Result<[u8; N]> {
         let mut b = [0u8; N];
         self.r.read_exact(&mut b).map_err(|_| self.bad("truncated GGUF header"))?;
+        self.pos += N as u64;
         Ok(b)
     }
     fn u32(&mut self) -> Result<u32> {
@@ -77,16 +101,38 @@ impl<R: Read> Header<R> {
     fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.bytes()?))
     }
-    fn string(&mut self) -> Result<String> {
+    fn string(&mut self, what: &str) -> Result<String> {
         let len = self.u64()?;
-        if len > 1 << 30 {
-            return Err(self.bad(format!("implausible string length {len}")));
-        }
-        let mut b = vec![0u8; len as usize];
+        let len = self.count(len, 1, what)?;
+        let mut b = vec![0u8; len];
         self.r.read_exact(&mut b).map_err(|_| self.bad("truncated GGUF header"))?;
+        self.pos += len as u64;
         Ok(String::from_utf8_lossy(&b).into_owned())
     }
-    fn value(&mut self, ty: u32) -> Result<Value> {
+    /// One metadata value of type `ty`, for key `key`. Arrays of arrays are refused (llama.cpp
+    /// writes none), so this never recurses more than once.
+    fn value(&mut self, ty: u32, key: &str) -> Result<Value> {
+        Ok(match ty {
+            9 => {
+                let item = self.u32()?;
+                if item == 9 {
+                    return Err(self.bad(format!("metadata `{key}`: arrays of arrays are not supported")));
+                }
+                let n = self.u64()?;
+                if n > MAX_ARRAY {
+                    return Err(self.bad(format!("metadata `{key}`: an array of {n} items (at most {MAX_ARRAY})")));
+                }
+                let n = self.count(n, scalar_size(item).unwrap_or(1), &format!("metadata `{key}`"))?;
+                let mut out = Vec::with_capacity(n);
+                for _ in 0..n {
+                    out.push(self.scalar(item, key)?);
+                }
+                Value::Array(out)
+            }
+            t => self.scalar(t, key)?,
+        })
+    }
+    fn scalar(&mut self, ty: u32, key: &str) -> Result<Value> {
         Ok(match ty {
             0 => Value::from(self.bytes::<1>()?[0]),
             1 => Value::from(self.bytes::<1>()?[0] as i8),
@@ -96,28 +142,31 @@ impl<R: Read> Header<R> {
             5 => Value::from(i32::from_le_bytes(self.bytes()?)),
             6 => Value::from(f32::from_le_bytes(self.bytes()?) as f64),
             7 => Value::from(self.bytes::<1>()?[0] != 0),
-            8 => Value::from(self.string()?),
-            9 => {
-                let item = self.u32()?;
-                let n = self.u64()?;
-                if n > 1 << 28 {
-                    return Err(self.bad(format!("implausible array length {n}")));
-                }
-                Value::Array((0..n).map(|_| self.value(item)).collect::<Result<_>>()?)
-            }
+            8 => Value::from(self.string(&format!("metadata `{key}`"))?),
             10 => Value::from(self.u64()?),
             11 => Value::from(i64::from_le_bytes(self.bytes()?)),
             12 => Value::from(f64::from_le_bytes(self.bytes()?)),
-            t => return Err(self.bad(format!("unknown metadata value type {t}"))),
+            t => return Err(self.bad(format!("metadata `{key}`: unknown value type {t}"))),
         })
     }
+}
+
+/// Bytes one metadata scalar of type `ty` takes at least (a string: its 8-byte length).
+fn scalar_size(ty: u32) -> Option<u64> {
+    Some(match ty {
+        0 | 1 | 7 => 1,
+        2 | 3 => 2,
+        4 | 5 | 6 => 4,
+        8 | 10 | 11 | 12 => 8,
+        _ => return None,
+    })
 }
 
 impl GgufFile {
     pub fn open(path: &Path) -> Result<GgufFile> {
         let file = File::open(path).map_err(EngineError::io(path))?;
         let size = file.metadata().map_err(EngineError::io(path))?.len();
-        let mut h = Header { r: BufReader::new(file), path: path.to_path_buf() };
+        let mut h = Header { r: BufReader::new(file), path: path.to_path_buf(), pos: 0, size };
         if h.u32()? != MAGIC {
             return Err(h.bad("not a GGUF file (bad magic)"));
         }
@@ -127,34 +176,60 @@ impl GgufFile {
         }
         let n_tensors = h.u64()?;
         let n_kv = h.u64()?;
+        // A key-value pair takes at least 13 bytes (key length, type, one byte); a tensor
+        // entry at least 24 (name length, dimension count, type, offset).
+        let n_kv = h.count(n_kv, 13, "metadata count")?;
+        let n_tensors = h.count(n_tensors, 24, "tensor count")?;
         let mut metadata = BTreeMap::new();
         for _ in 0..n_kv {
-            let key = h.string()?;
+            let key = h.string("metadata key")?;
             let ty = h.u32()?;
-            metadata.insert(key, h.value(ty)?);
+            let value = h.value(ty, &key)?;
+            metadata.insert(key, value);
         }
-        let mut tensors = Vec::with_capacity(n_tensors as usize);
+        let mut tensors = Vec::with_capacity(n_tensors);
         for _ in 0..n_tensors {
-            let name = h.string()?;
+            let name = h.string("tensor name")?;
+            // llama.cpp caps names at 64 bytes; control characters would reach file formats
+            // (safetensors refuses NUL) and messages.
+            if name.is_empty() || name.len() > 256 || name.chars().any(char::is_control) {
+                return Err(h.bad(format!("tensor {} has an unusable name {name:?}", tensors.len())));
+            }
             let n_dims = h.u32()?;
-            let mut shape: Vec<usize> = (0..n_dims).map(|_| h.u64().map(|d| d as usize)).collect::<Result<_>>()?;
+            if n_dims == 0 || n_dims > MAX_DIMS {
+                return Err(h.bad(format!("tensor `{name}` has {n_dims} dimensions (1 to {MAX_DIMS})")));
+            }
+            let mut shape = Vec::with_capacity(n_dims as usize);
+            for _ in 0..n_dims {
+                let d = h.u64()?;
+                // MLX shapes are i32; an empty dimension is no tensor worth importing.
+                if d == 0 || d > i32::MAX as u64 {
+                    return Err(h.bad(format!("tensor `{name}` has a dimension of {d}")));
+                }
+                shape.push(d as usize);
+            }
             shape.reverse();
             let ggml_type = h.u32()?;
             let offset = h.u64()?;
             tensors.push(TensorInfo { name, shape, ggml_type, offset });
         }
-        let alignment = metadata.get("general.alignment").and_then(|v| v.as_u64()).unwrap_or(32);
-        let pos = h.r.stream_position().map_err(EngineError::io(path))?;
-        let data_start = pos.div_ceil(alignment) * alignment;
+        let alignment = match metadata.get("general.alignment") {
+            None => 32,
+            Some(v) => match v.as_u64() {
+                Some(a) if a.is_power_of_two() && a <= MAX_ALIGNMENT => a,
+                _ => return Err(h.bad(format!("metadata `general.alignment` is {v}; it must be a power of two up to {MAX_ALIGNMENT}"))),
+            },
+        };
+        let data_start = h.pos.div_ceil(alignment) * alignment;
         let gguf = GgufFile { path: path.to_path_buf(), version, metadata, tensors, data_start };
         for t in &gguf.tensors {
-            if let Some(n) = gguf.byte_len(t) {
-                if gguf.data_start + t.offset + n as u64 > size {
-                    return Err(EngineError::BadWeights {
-                        file: path.to_path_buf(),
-                        msg: format!("truncated: tensor `{}` runs past the end of the file", t.name),
-                    });
-                }
+            let Some(n) = gguf.byte_len(t)? else { continue };
+            let end = t.offset.checked_add(n).and_then(|e| e.checked_add(gguf.data_start));
+            if end.is_none_or(|e| e > size) {
+                return Err(EngineError::BadWeights {
+                    file: path.to_path_buf(),
+                    msg: format!("truncated: tensor `{}` runs past the end of the file", t.name),
+                });
             }
         }
         Ok(gguf)
@@ -179,10 +254,16 @@ impl GgufFile {
         })
     }
 
-    fn byte_len(&self, t: &TensorInfo) -> Option<usize> {
-        let ty = candle_type(t.ggml_type)?;
-        let n: usize = t.shape.iter().product();
-        Some(n / ty.block_size() * ty.type_size())
+    /// Bytes of tensor `t`'s data; `None` for a type Perch cannot read (refused when read).
+    fn byte_len(&self, t: &TensorInfo) -> Result<Option<u64>> {
+        let Some(ty) = candle_type(t.ggml_type) else { return Ok(None) };
+        let bad = |msg: &str| EngineError::BadWeights { file: self.path.clone(), msg: format!("tensor `{}`: {msg}", t.name) };
+        let n = t.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64)).ok_or_else(|| bad("its shape overflows"))?;
+        let block = ty.block_size() as u64;
+        if n % block != 0 {
+            return Err(bad(&format!("{n} elements are not whole {}-element blocks of {}", block, type_name(t.ggml_type))));
+        }
+        (n / block).checked_mul(ty.type_size() as u64).map(Some).ok_or_else(|| bad("its size overflows"))
     }
 
     /// Dequantize one tensor to f32 (row-major, `info.shape`).
@@ -196,7 +277,8 @@ impl GgufFile {
             ),
         };
         let ty = candle_type(info.ggml_type).ok_or_else(unsupported)?;
-        let len = self.byte_len(info).ok_or_else(unsupported)?;
+        let len = self.byte_len(info)?.ok_or_else(unsupported)?;
+        let len = usize::try_from(len).map_err(|_| unsupported())?;
         let mut raw = vec![0u8; len];
         let mut f = File::open(&self.path).map_err(EngineError::io(&self.path))?;
         f.seek(SeekFrom::Start(self.data_start + info.offset)).map_err(EngineError::io(&self.path))?;

@@ -47,6 +47,9 @@ pub fn convert(g: &GgufFile) -> Result<ConvertedTokenizer> {
         Some(t) => t.iter().map(|v| v.as_i64().unwrap_or(TYPE_NORMAL)).collect(),
         None => vec![TYPE_NORMAL; tokens.len()],
     };
+    if types.len() != tokens.len() {
+        return Err(bad(format!("tokenizer.ggml.token_type has {} entries for {} tokens", types.len(), tokens.len())));
+    }
     let token = |key: &str| g.u64(key).and_then(|id| tokens.get(id as usize).cloned());
     let bos_token = token("tokenizer.ggml.bos_token_id");
     let eos_token = token("tokenizer.ggml.eos_token_id");
@@ -111,6 +114,9 @@ fn spm(g: &GgufFile, tokens: &[String], types: &[i64]) -> Result<Parts> {
         Some(s) => s.iter().map(|v| v.as_f64().unwrap_or(0.0)).collect(),
         None => vec![0.0; tokens.len()],
     };
+    if scores.len() != tokens.len() {
+        return Err(EngineError::Tokenizer(format!("{}: tokenizer.ggml.scores has {} entries for {} tokens", g.path.display(), scores.len(), tokens.len())));
+    }
     let add_space_prefix = g.metadata.get("tokenizer.ggml.add_space_prefix").and_then(|v| v.as_bool()).unwrap_or(true);
     let mut vocab = serde_json::Map::new();
     let mut mergeable: HashMap<&str, usize> = HashMap::new();
