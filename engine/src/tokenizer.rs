@@ -120,6 +120,9 @@ impl Tokenizer {
                 .unwrap_or(0);
             civil_date(days as i64)
         });
+        // Templates come with downloaded models: bound the work (every instruction costs fuel;
+        // real templates spend a few thousand per message) and the text they write.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_template("chat", template).map_err(|e| EngineError::Template(e.to_string()))?;
         let ctx = minijinja::context! {
             messages => messages,
@@ -127,9 +130,15 @@ impl Tokenizer {
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
         };
+        let mut out = CappedWriter(Vec::new());
         env.get_template("chat")
-            .and_then(|t| t.render(ctx))
-            .map_err(|e| EngineError::Template(e.to_string()))
+            .and_then(|t| t.render_captured_to(ctx, &mut out).map(drop))
+            .map_err(|e| match e.kind() {
+                minijinja::ErrorKind::OutOfFuel => EngineError::Template(format!("the template ran past its budget of {TEMPLATE_FUEL} steps")),
+                minijinja::ErrorKind::WriteFailure => EngineError::Template(format!("the template wrote more than {TEMPLATE_MAX_OUTPUT} bytes")),
+                _ => EngineError::Template(e.to_string()),
+            })?;
+        String::from_utf8(out.0).map_err(|e| EngineError::Template(e.to_string()))
     }
 
     /// Tokens for a chat: the rendered template already holds any BOS text, so special tokens
@@ -216,5 +225,27 @@ impl StreamDecoder {
 impl Default for StreamDecoder {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Instructions a chat template may run per render (minijinja fuel): thousands of messages'
+/// worth for real templates, a fraction of a second of work.
+const TEMPLATE_FUEL: u64 = 20_000_000;
+/// Bytes a chat template may write per render: far past any context window's text.
+const TEMPLATE_MAX_OUTPUT: usize = 64 << 20;
+
+/// A writer that refuses to grow past `TEMPLATE_MAX_OUTPUT`.
+struct CappedWriter(Vec<u8>);
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > TEMPLATE_MAX_OUTPUT {
+            return Err(std::io::Error::other("template output too large"));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }

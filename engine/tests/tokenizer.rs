@@ -71,3 +71,32 @@ fn eos_ids_come_from_config_and_tokenizer() {
     assert_eq!(model.tokenizer.eos_ids(), vec![4095]);
     assert!(model.tokenizer.is_eos(4095));
 }
+
+/// A fixture copy whose chat template is `template`.
+fn with_template(template: &str) -> (tempfile::TempDir, perch_engine::LoadedModel) {
+    let (tmp, dir) = copy_fixture("qwen3", "hostile");
+    let cfg = dir.join("tokenizer_config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    v["chat_template"] = template.into();
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    let model = perch_engine::load_model(&dir).unwrap();
+    (tmp, model)
+}
+
+#[test]
+fn a_hostile_chat_template_is_an_error_not_a_hang() {
+    let hi = [ChatMessage { role: "user".into(), content: "hi".into() }];
+    // Two nested range(100000) loops once froze the whole server while memory grew.
+    let (_t, m) = with_template("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}");
+    let t = std::time::Instant::now();
+    let e = m.tokenizer.apply_chat_template(&hi, true).unwrap_err().to_string();
+    assert!(e.contains("budget"), "{e}");
+    println!("the looping template stopped after {:.2} s", t.elapsed().as_secs_f64());
+    // Output that doubles each step: stopped by the output cap long before memory runs out.
+    let (_t, m) = with_template("{% set s = namespace(x='0123456789abcdef') %}{% for i in range(40) %}{{ s.x }}{% set s.x = s.x ~ s.x %}{% endfor %}");
+    let e = m.tokenizer.apply_chat_template(&hi, true).unwrap_err().to_string();
+    assert!(e.contains("wrote more than"), "{e}");
+    // A real template still renders.
+    let (_t, m) = with_template("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}");
+    assert_eq!(m.tokenizer.apply_chat_template(&hi, true).unwrap(), "<user>hi");
+}

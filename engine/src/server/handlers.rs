@@ -140,6 +140,10 @@ struct Prepared {
     prompt: Vec<u32>,
 }
 
+/// How long parsing, rendering and tokenizing one request may take before the client gets an
+/// error (the work itself is bounded by the template's fuel and the body cap).
+const PREPARE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
 fn prepare(app: &App, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -> Result<Prepared, ApiError> {
     let bytes = body.map_err(|r| match r.status() {
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", format!("The body is larger than {} bytes", app.config.max_body_bytes)).code("request_too_large"),
@@ -147,7 +151,7 @@ fn prepare(app: &App, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -
     })?;
     let defaults = *app.sampling.lock().unwrap_or_else(|e| e.into_inner());
     let mut req = request::parse_with(endpoint, &bytes, &defaults)?;
-    let info = app.engine.model_info(&req.model)?;
+    let info = app.engine.resolve(&req.model)?;
     let tok = &info.tokenizer;
     let mut prompt = match &req.input {
         Input::Messages(m) => tok.encode_chat(m)?,
@@ -221,7 +225,23 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: Result<Bytes, BytesRe
             });
         }
     };
-    let p = match prepare(&app, endpoint, body) {
+    // Parsing, the chat template and tokenizing are CPU work on untrusted input: off the
+    // async threads, so /health and other requests keep answering whatever a body or a
+    // model's template does, and with a deadline for the client.
+    let prepared = tokio::task::spawn_blocking({
+        let app = app.clone();
+        move || prepare(&app, endpoint, body)
+    });
+    let prepared = match tokio::time::timeout(PREPARE_DEADLINE, prepared).await {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", format!("preparing the request failed: {e}"))),
+        Err(_) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            format!("preparing the prompt (chat template, tokenizer) took longer than {} s", PREPARE_DEADLINE.as_secs()),
+        )),
+    };
+    let p = match prepared {
         Ok(p) => p,
         Err(e) => {
             record("", false, &e);
@@ -233,7 +253,7 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: Result<Bytes, BytesRe
         Ok(lease) => lease,
         Err(e) => {
             let e = ApiError::from(e);
-            record(&p.req.model, p.req.stream, &e);
+            record(&p.req.model.to_string(), p.req.stream, &e);
             return e.into_response();
         }
     };
@@ -245,7 +265,7 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: Result<Bytes, BytesRe
                 GateError::QueueFull(n) => n,
                 GateError::Busy => 0,
             });
-            record(&p.req.model, p.req.stream, &e);
+            record(&p.req.model.to_string(), p.req.stream, &e);
             return e.into_response();
         }
     };
