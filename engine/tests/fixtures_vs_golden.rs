@@ -1,5 +1,10 @@
 //! Every fixture architecture and weight format against the goldens mlx-lm produced
 //! (scripts/make-fixtures.py): logits within 1e-3 relative, 32 greedy tokens identical.
+//!
+//! The goldens were made on one machine, and many tests compare greedy tokens with them
+//! exactly. That is sound on every CPU only while no golden step is a near-tie: BLAS kernels
+//! chosen per instruction set sum in other orders (~1e-7 relative in f32), which can flip a
+//! tie and nothing else. `goldens_have_no_near_ties` checks that margin for every step.
 
 mod common;
 
@@ -48,4 +53,36 @@ fn chunked_prefill_matches_one_pass() {
             assert_eq!(run(chunk), reference, "{name}: prefill chunk {chunk} changed the output");
         }
     }
+}
+
+/// The smallest margin a golden step may have, relative to the largest logit at that step.
+/// Perch's logits differ from the goldens by at most 4.8e-7 relative (`logits_match_mlx_lm_golden`,
+/// mlx-lm on another machine), so 2e-5 is forty times that noise; the goldens' own smallest
+/// margin is 1.1e-4 (llama-8bit step 30, llama step 2).
+const MIN_MARGIN: f32 = 2e-5;
+
+#[test]
+fn goldens_have_no_near_ties() {
+    let mut smallest = (f32::MAX, "", 0);
+    for name in FIXTURES {
+        let model = load_fixture(name);
+        let g = golden(name);
+        let n = g.greedy_tokens.len();
+        // Teacher-forced: every golden step's logits from one pass over prompt + golden tokens.
+        let mut seq = g.prompt_ids.clone();
+        seq.extend_from_slice(&g.greedy_tokens[..n - 1]);
+        let logits = forward_logits(&model, &seq);
+        let vocab = logits.len() / seq.len();
+        for (i, &want) in g.greedy_tokens.iter().enumerate() {
+            let row = &logits[(g.prompt_ids.len() - 1 + i) * vocab..][..vocab];
+            let scale = row.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let runner_up = row.iter().enumerate().filter(|(t, _)| *t != want as usize).fold(f32::MIN, |m, (_, &x)| m.max(x));
+            let margin = (row[want as usize] - runner_up) / scale;
+            assert!(margin >= MIN_MARGIN, "{name}: golden step {i} (token {want}) leads by only {margin:.2e} relative: a near-tie another CPU may flip");
+            if margin < smallest.0 {
+                smallest = (margin, name, i);
+            }
+        }
+    }
+    println!("smallest golden margin: {:.2e} relative ({} step {})", smallest.0, smallest.1, smallest.2);
 }

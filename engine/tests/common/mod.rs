@@ -104,3 +104,59 @@ pub fn import_gemma(gguf: &std::path::Path, dir: &std::path::Path, dtype: perch_
     let opts = ImportOptions { name: Some("gemma-3-270m".into()), quantize: Quantize::None, dtype, overwrite: true };
     load_model(&import(gguf, dir, &opts).unwrap()).unwrap()
 }
+
+/// One place where Perch's greedy continuation left a reference continuation.
+#[derive(Debug, Clone, Copy)]
+pub struct Departure {
+    /// Index into the reference continuation.
+    pub at: usize,
+    pub ours: u32,
+    pub theirs: u32,
+}
+
+/// Perch's greedy continuation of `prompt`, compared with `reference` under teacher forcing:
+/// wherever Perch picks another token, the departure is recorded and generation restarts from
+/// `prompt + reference[..=at]`, so every later position is still compared on the reference's
+/// own context. Exact agreement between two implementations is a property of the CPU only at
+/// near-ties (a different summation order flips them); deciding which departures are near-ties
+/// is the caller's, from the reference's or Perch's own logits.
+pub fn greedy_departures(model: &LoadedModel, prompt: &[u32], reference: &[u32]) -> Vec<Departure> {
+    use perch_engine::{generate, GenerateParams};
+    let mut departures = Vec::new();
+    let mut from = 0;
+    while from < reference.len() {
+        let mut context = prompt.to_vec();
+        context.extend_from_slice(&reference[..from]);
+        let p = GenerateParams { max_tokens: reference.len() - from, ignore_eos: true, ..Default::default() };
+        let ours = generate(model, &context, &p, None, |_| {}).unwrap().tokens;
+        match ours.iter().zip(&reference[from..]).position(|(a, b)| a != b) {
+            None => break,
+            Some(k) => {
+                departures.push(Departure { at: from + k, ours: ours[k], theirs: reference[from + k] });
+                from += k + 1;
+            }
+        }
+    }
+    departures
+}
+
+/// A reference's top tokens at one step, best first, with their logits (or log-probabilities:
+/// the gaps are the same).
+pub type TopTokens = Vec<(u32, f64)>;
+
+/// How far below its best the reference ranks `token`: `None` when it is outside the
+/// reference's top list (then the gap is at least the list's spread, far from a near-tie).
+pub fn reference_gap(top: &[(u32, f64)], token: u32) -> Option<f64> {
+    let best = top.first()?.1;
+    top.iter().find(|(t, _)| *t == token).map(|(_, l)| best - l)
+}
+
+/// Perch's own margin at the position after `context`: its logit for its greedy choice minus its
+/// logit for `other` (0 when they are the same token).
+pub fn own_gap(model: &LoadedModel, context: &[u32], other: u32) -> f32 {
+    let logits = forward_logits(model, context);
+    let vocab = logits.len() / context.len();
+    let last = &logits[logits.len() - vocab..];
+    let best = last.iter().fold(f32::MIN, |m, &x| m.max(x));
+    best - last[other as usize]
+}
