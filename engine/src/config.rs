@@ -1,5 +1,5 @@
 //! The settings file (`perch.toml`) the desktop app and `perch serve --config` run from: what
-//! it holds, how it is checked, and which changes need an engine restart (SPEC §7).
+//! it holds, how it is checked, and which changes need an engine restart (docs/settings.md).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -66,7 +66,7 @@ pub struct Settings {
     pub warmup_profile: String,
     /// Quiet seconds after a request before background warmup may run.
     pub idle_grace_s: f64,
-    /// Warm the MTP head right after a model loads (SPEC §4).
+    /// Warm the MTP head right after a model loads (docs/runtime.md §4).
     pub load_warmup: bool,
     /// Speculative decoding: `auto`, `none`, `lookup`, `mtp`, `mtp:N`.
     pub draft: String,

@@ -1,4 +1,4 @@
-//! The runtime's policies (SPEC §1–§5) against faked model work — rungs whose chunks take a
+//! The runtime's policies (docs/runtime.md §1–§5) against faked model work — rungs whose chunks take a
 //! known time — and one integration run on a real fixture model.
 
 mod common;

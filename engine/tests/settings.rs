@@ -1,4 +1,4 @@
-//! The settings file and in-process restarts (SPEC §7), through the supervisor the desktop app
+//! The settings file and in-process restarts (docs/settings.md), through the supervisor the desktop app
 //! and `perch serve --config` use: hand edits picked up by the watcher, invalid edits that keep
 //! the old engine serving, graceful restarts with requests in flight, live fields applied
 //! without a restart, and the control API's checks — all over real loopback HTTP.

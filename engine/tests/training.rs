@@ -1,4 +1,4 @@
-//! Training while serving (SPEC §6) on fixture models: LoRA gradients against finite
+//! Training while serving (docs/training.md) on fixture models: LoRA gradients against finite
 //! differences, chat data with assistant-only loss, and `/train` over real HTTP: a run that
 //! lowers held-out loss and whose adapter then serves as `model+adapter`, bad requests, the
 //! one-run rule, pause/resume/cancel, the receipt seeing user turns, leases released, and a

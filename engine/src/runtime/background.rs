@@ -63,7 +63,7 @@ impl WarmupWork for WorkerWork {
     fn start(&self, _model: &str, cancel: Arc<AtomicBool>) -> oneshot::Receiver<Result<()>> {
         self.submit(move |w, id| {
             let model = model_of(&w.models, id)?;
-            // SPEC §4.1: a 2-token plain bootstrap, then ~8 MTP tokens on a prompt of 24+.
+            // docs/runtime.md §4.1: a 2-token plain bootstrap, then ~8 MTP tokens on a prompt of 24+.
             let prompt = crate::bench::prompt_of_length(model, 32)?;
             let plain = GenerateParams { max_tokens: 2, ignore_eos: true, ..Default::default() };
             generate(model, &prompt, &plain, Some(&cancel), |_| {})?;

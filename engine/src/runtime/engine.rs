@@ -58,7 +58,7 @@ pub struct EngineConfig {
     /// Models resident at once; loading another evicts the least recently used.
     pub max_resident: usize,
     pub keep_alive: KeepAlive,
-    /// Load-time MTP warmup (SPEC §4) and its deadline.
+    /// Load-time MTP warmup (docs/runtime.md §4) and its deadline.
     pub load_warmup: bool,
     pub warmup_deadline: Duration,
     pub ladder: LadderConfig,
@@ -178,7 +178,7 @@ pub struct Engine {
     load_lock: tokio::sync::Mutex<()>,
     /// The last ladder started, for /health.
     ladder: Mutex<Arc<WarmupLadder>>,
-    /// Training runs, the per-turn receipt and the pacer (SPEC §6).
+    /// Training runs, the per-turn receipt and the pacer (docs/training.md).
     pub training: Arc<Training>,
 }
 
@@ -411,7 +411,7 @@ impl Engine {
         let loaded = rx.await.map_err(|_| EngineError::Internal("loading failed on the MLX thread".into()))??;
         let loaded = self.capped(ModelInfo { id: id.to_string(), ..loaded });
         self.publish(loaded);
-        // Leased from publication through the warmup (SPEC §3).
+        // Leased from publication through the warmup (docs/runtime.md §3).
         let warm_lease = self.leases.acquire(id);
         let lease = self.leases.acquire(id);
         drop(guard);
@@ -521,7 +521,7 @@ impl Engine {
     }
 
     /// Generate with resident model `id` on the MLX thread and wait for the result: one user
-    /// turn, reported to the training receipt (SPEC §6). The caller holds a lease on `id` and
+    /// turn, reported to the training receipt (docs/training.md). The caller holds a lease on `id` and
     /// the gate.
     pub fn generate_blocking(
         &self,

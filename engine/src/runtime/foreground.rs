@@ -1,4 +1,4 @@
-//! Foreground accounting (SPEC §1): what users are doing right now, kept by RAII guards so a
+//! Foreground accounting (docs/runtime.md §1): what users are doing right now, kept by RAII guards so a
 //! begin without its end cannot happen on any path (success, error, cancel, panic).
 
 use std::sync::{Arc, Mutex};

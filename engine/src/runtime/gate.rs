@@ -1,4 +1,4 @@
-//! The generation gate (SPEC §2): one generation at a time, waiters served first in first
+//! The generation gate (docs/runtime.md §2): one generation at a time, waiters served first in first
 //! out, a bounded queue, and a non-queuing probe.
 
 use std::sync::atomic::{AtomicUsize, Ordering};

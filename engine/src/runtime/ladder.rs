@@ -1,4 +1,4 @@
-//! The background warmup ladder (SPEC §5): while nobody is using the engine, prefill prompts
+//! The background warmup ladder (docs/runtime.md §5): while nobody is using the engine, prefill prompts
 //! of growing length so first-touch costs are paid before a user needs them, and get out of
 //! the way within one chunk the moment a user shows up.
 
@@ -75,7 +75,7 @@ pub struct LadderStatus {
     pub interruptions: u32,
 }
 
-/// Whether a rung may start now (SPEC §5 admission, in its order).
+/// Whether a rung may start now (docs/runtime.md §5 admission, in its order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
     /// A user request is generating or queued: its own branch, whatever the grace.

@@ -1,4 +1,4 @@
-//! Model leases (SPEC §3): a lease pins a loaded model. Unload, eviction and restart wait
+//! Model leases (docs/runtime.md §3): a lease pins a loaded model. Unload, eviction and restart wait
 //! until a model's count is zero; quit waits a bounded time, then cancels what still runs.
 
 use std::collections::{BTreeMap, HashMap};

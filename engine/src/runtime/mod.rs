@@ -1,4 +1,4 @@
-//! The runtime between the server and the models (`../shared/SPEC.md` §1–§5): who is using
+//! The runtime between the server and the models (`docs/runtime.md` §1–§5): who is using
 //! the engine (foreground accounting), who may generate now (the generation gate), what pins
 //! a model (leases), and the background work that warms it (load-time MTP warmup, the
 //! warmup ladder).

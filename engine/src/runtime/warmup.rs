@@ -1,4 +1,4 @@
-//! Load-time MTP warmup (SPEC §4): after a model with an MTP head is published, a hidden
+//! Load-time MTP warmup (docs/runtime.md §4): after a model with an MTP head is published, a hidden
 //! bootstrap and a short MTP pass pay its cold first-use costs before a user does, racing a
 //! deadline, never queueing behind a user's generation, and pinned by a lease throughout.
 
@@ -39,7 +39,7 @@ pub enum WarmupOutcome {
 /// warmup to stop).
 pub async fn warm_at_load(work: &dyn WarmupWork, model: &str, gate: &Gate, lease: Lease, deadline: Duration, warm: &AtomicBool) -> WarmupOutcome {
     let _lease = lease;
-    // Skip if busy, before touching anything else (SPEC §2, §4.3).
+    // Skip if busy, before touching anything else (docs/runtime.md §2, §4.3).
     let Some(permit) = gate.try_acquire() else {
         tracing::info!(model, "load-time warmup skipped: the gate is busy");
         return WarmupOutcome::SkippedBusy;

@@ -204,7 +204,7 @@ fn endpoint_name(e: Endpoint) -> &'static str {
 }
 
 async fn complete(app: Arc<App>, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -> Response {
-    // SPEC §1: stamp the arrival before anything else.
+    // docs/runtime.md §1: stamp the arrival before anything else.
     let mut user = app.engine.foreground.arrive();
     let arrived = Instant::now();
     let n = app.next_id();

@@ -1,4 +1,4 @@
-//! `/train`: start a LoRA training run on the loaded model, read its status (SPEC §6 fields
+//! `/train`: start a LoRA training run on the loaded model, read its status (docs/training.md fields
 //! and the per-turn receipt), and pause, resume or cancel it.
 
 use std::sync::Arc;

@@ -1,5 +1,5 @@
 //! Runs the engine from the settings file and restarts it in-process when the file changes
-//! (SPEC §7): validate first; an invalid file leaves the running engine serving and says why;
+//! (docs/settings.md): validate first; an invalid file leaves the running engine serving and says why;
 //! a valid one drains the old engine (requests finish or are cancelled after a deadline,
 //! leases return), then starts the new one behind the same listener. Fields that need no
 //! restart (sampling defaults, the default model, launch at login) apply live.

@@ -1,4 +1,4 @@
-//! Training while serving (SPEC §6): LoRA adapters trained in windows between user turns,
+//! Training while serving (docs/training.md): LoRA adapters trained in windows between user turns,
 //! paced by a share of the time or a slowdown bound, with a per-turn slowdown receipt.
 //!
 //! `Training` is the engine's hub: serving reports every turn to it (start, end, decode

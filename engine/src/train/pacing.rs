@@ -1,4 +1,4 @@
-//! How long training yields to serving after each window (SPEC §6).
+//! How long training yields to serving after each window (docs/training.md).
 //!
 //! With a fixed share s, a window of length d is followed by d·(1−s)/s of serving. With a
 //! slowdown bound T, the yield is y = d·(r0·(1−T) − rw)/(r0·T): r0 is the decode rate with no

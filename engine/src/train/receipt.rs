@@ -1,4 +1,4 @@
-//! The per-turn slowdown receipt (SPEC §6): how much each finished user turn was slowed by
+//! The per-turn slowdown receipt (docs/training.md): how much each finished user turn was slowed by
 //! training windows. Pure bookkeeping on one clock (seconds), no I/O, no waiting: the serving
 //! path calls it under a lock for every finished turn, so every method is short.
 //!
