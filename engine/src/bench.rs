@@ -4,8 +4,10 @@
 use serde::Serialize;
 
 use crate::error::Result;
-use crate::generate::{generate, DraftMode, DraftStats, GenerateParams};
+use crate::decode::{generate, DraftMode, DraftStats, GenerateParams};
 use crate::model::LoadedModel;
+use crate::platform::peak_rss_bytes;
+pub use crate::runtime::warmup::{prompt_of_length, PASSAGE};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
@@ -19,15 +21,6 @@ pub struct BenchReport {
     pub ttft_128_s: f64,
     pub peak_mlx_memory_bytes: u64,
     pub peak_rss_bytes: u64,
-}
-
-/// A fixed English passage, tokenized and repeated to the lengths we need, so runs and peers
-/// (scripts/bench-vs-mlx-lm reads the same file) see the same token ids.
-pub const PASSAGE: &str = include_str!("bench_passage.txt");
-
-pub fn prompt_of_length(model: &LoadedModel, n: usize) -> Result<Vec<u32>> {
-    let unit = model.tokenizer.encode(PASSAGE, false)?;
-    Ok(unit.iter().copied().cycle().take(n).collect())
 }
 
 /// Median of `runs` measurements of each figure, after one untimed warm-up generation.
@@ -238,27 +231,6 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// The process's peak resident set size.
-///
-/// On Linux this is `VmHWM`, which starts afresh at exec; `getrusage`'s `ru_maxrss` keeps the
-/// peak of whatever process image ran before, so a child of a big parent would report the
-/// parent's peak.
-pub fn peak_rss_bytes() -> u64 {
-    if cfg!(target_os = "linux") {
-        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-        return status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map_or(0, |kb| kb * 1024);
-    }
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
-        return 0;
-    }
-    // macOS reports bytes.
-    usage.ru_maxrss as u64
-}
 
 impl BenchReport {
     pub fn table(&self) -> String {

@@ -8,7 +8,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::catalog::Catalog;
 use crate::runtime::{EngineConfig, KeepAlive, LadderConfig};
-use crate::server::ServeConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -88,7 +87,7 @@ impl Default for Settings {
         Settings {
             models_dir: String::new(),
             default_model: crate::paths::DEFAULT_MODEL_ID.into(),
-            port: crate::server::DEFAULT_PORT,
+            port: crate::paths::DEFAULT_PORT,
             api_key: String::new(),
             allowed_origins: vec![],
             context_length: 0,
@@ -123,6 +122,11 @@ impl Settings {
 
     /// Parse and check a settings file's text.
     pub fn parse(text: &str, path: &Path) -> Result<Settings, ConfigError> {
+        // An empty file is what a write cut short by a power loss leaves behind; taking it
+        // for the defaults would drop every setting, the API key among them.
+        if text.trim().is_empty() {
+            return Err(ConfigError::Syntax { path: path.display().to_string(), message: "the file is empty; Perch does not assume the defaults".into() });
+        }
         let s: Settings = toml::from_str(text).map_err(|e| ConfigError::Syntax { path: path.display().to_string(), message: e.to_string() })?;
         s.validate()?;
         Ok(s)
@@ -146,13 +150,75 @@ impl Settings {
         }
         let text = format!("# Perch settings. Edit here or in the settings window; changes apply on save.\n{}", toml::to_string_pretty(self).expect("settings serialize"));
         let tmp = path.with_extension("toml.tmp");
-        std::fs::write(&tmp, text).map_err(err)?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+            }
+            f.write_all(text.as_bytes())?;
+            // On disk before the rename makes it the file, and the rename on disk before we
+            // say it is saved: after a power cut the old file or the new, never an empty one.
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)?;
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+            Ok(())
+        };
+        write().map_err(err)
+    }
+
+    /// This file's settings with `patch` (a JSON object of settings) laid over them: fields
+    /// the patch leaves out keep their values. The API key changes only when the patch names
+    /// it with a value: `""` (what a form with an empty password field sends) keeps it, and
+    /// `null` removes it.
+    pub fn patched(&self, patch: serde_json::Map<String, serde_json::Value>) -> Result<Settings, ConfigError> {
+        use serde_json::Value;
+        let mut v = serde_json::to_value(self).map_err(|e| invalid("body", e.to_string()))?;
+        for (k, val) in patch {
+            match (k.as_str(), val) {
+                ("api_key", Value::String(s)) if s.is_empty() => {}
+                ("api_key", Value::Null) => v["api_key"] = Value::from(""),
+                (_, Value::Object(inner)) if v[&k].is_object() => {
+                    for (ik, iv) in inner {
+                        v[&k][ik] = iv;
+                    }
+                }
+                (_, val) => v[&k] = val,
+            }
         }
-        std::fs::rename(&tmp, path).map_err(err)
+        let s: Settings = serde_json::from_value(v).map_err(|e| ConfigError::Syntax { path: "the request body".into(), message: e.to_string() })?;
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// What a file that fails its checks still says about reaching Perch (port, API key,
+    /// allowed origins), so that the UI can be served where the user expects it and a key in
+    /// the file keeps guarding it. A file that is empty or not even TOML yields a random key:
+    /// Perch fails closed rather than serving without the key the file may have held.
+    pub fn salvage(text: &str) -> Settings {
+        let table = toml::from_str::<toml::Table>(text).ok().filter(|_| !text.trim().is_empty());
+        let Some(table) = table else {
+            return Settings { api_key: random_key(), ..Settings::default() };
+        };
+        let d = Settings::default();
+        Settings {
+            port: table.get("port").and_then(|p| p.as_integer()).and_then(|p| u16::try_from(p).ok()).unwrap_or(d.port),
+            api_key: match table.get("api_key") {
+                None => String::new(),
+                Some(toml::Value::String(k)) => k.clone(),
+                Some(_) => random_key(),
+            },
+            allowed_origins: table
+                .get("allowed_origins")
+                .and_then(|o| o.as_array())
+                .map(|o| o.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+                .unwrap_or_default(),
+            ..d
+        }
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -163,9 +229,9 @@ impl Settings {
             return Err(invalid("idle_grace_s", format!("must be 0 to 86400 seconds, not {}", self.idle_grace_s)));
         }
         let draft_ok = matches!(self.draft.as_str(), "auto" | "none" | "lookup" | "mtp")
-            || self.draft.strip_prefix("mtp:").and_then(|d| d.parse::<usize>().ok()).is_some_and(|d| (1..=crate::speculative::MAX_MTP_DEPTH).contains(&d));
+            || self.draft.strip_prefix("mtp:").and_then(|d| d.parse::<usize>().ok()).is_some_and(|d| (1..=crate::decode::common::MAX_MTP_DEPTH).contains(&d));
         if !draft_ok {
-            return Err(invalid("draft", format!("must be auto, none, lookup, mtp or mtp:1..{}, not `{}`", crate::speculative::MAX_MTP_DEPTH, self.draft)));
+            return Err(invalid("draft", format!("must be auto, none, lookup, mtp or mtp:1..{}, not `{}`", crate::decode::common::MAX_MTP_DEPTH, self.draft)));
         }
         if self.keep_alive_s < -1 {
             return Err(invalid("keep_alive_s", format!("must be -1 (forever), 0 (unload when idle) or seconds, not {}", self.keep_alive_s)));
@@ -250,18 +316,22 @@ impl Settings {
             ..EngineConfig::default()
         }
     }
+}
 
-    pub fn serve_config(&self, log_dir: Option<PathBuf>) -> ServeConfig {
-        ServeConfig {
-            port: self.port,
-            api_key: Some(self.api_key.clone()).filter(|k| !k.is_empty()),
-            allowed_origins: self.allowed_origins.clone(),
-            log_dir,
-            log_text: self.log_text,
-            sampling: self.sampling,
-            ..ServeConfig::default()
+/// 128 random bits as hex, from the OS (a key nobody knows).
+fn random_key() -> String {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    if std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).is_err() {
+        // No /dev/urandom: std's per-process random hash keys.
+        use std::hash::{BuildHasher, Hasher};
+        for chunk in b.chunks_mut(8) {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+            chunk.copy_from_slice(&h.finish().to_le_bytes());
         }
     }
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 #[cfg(test)]

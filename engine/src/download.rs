@@ -14,6 +14,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
+use crate::sync::LockExt;
 
 /// Attempts per file before a download is marked failed (its parts stay for a resume).
 const ATTEMPTS: u32 = 6;
@@ -75,7 +76,7 @@ struct Job {
 
 impl Job {
     fn view(&self) -> JobView {
-        let (state, error, file) = self.state.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let (state, error, file) = self.state.locked().clone();
         JobView {
             id: self.id,
             repo: self.repo.clone(),
@@ -90,7 +91,7 @@ impl Job {
     }
 
     fn set(&self, state: State, error: Option<String>) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.state.locked();
         s.0 = state;
         s.1 = error;
     }
@@ -125,21 +126,21 @@ impl Downloads {
     }
 
     pub fn list(&self) -> Vec<JobView> {
-        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|j| j.view()).collect()
+        self.jobs.locked().iter().map(|j| j.view()).collect()
     }
 
     pub fn get(&self, id: u64) -> Option<JobView> {
-        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|j| j.id == id).map(|j| j.view())
+        self.jobs.locked().iter().find(|j| j.id == id).map(|j| j.view())
     }
 
     /// Ask a running download to stop; it removes its staging directory.
     pub fn cancel(&self, id: u64) -> bool {
-        let jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+        let jobs = self.jobs.locked();
         jobs.iter().find(|j| j.id == id).map(|j| j.cancel.store(true, Ordering::Relaxed)).is_some()
     }
 
     pub fn cancel_all(&self) {
-        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).iter().for_each(|j| j.cancel.store(true, Ordering::Relaxed));
+        self.jobs.locked().iter().for_each(|j| j.cancel.store(true, Ordering::Relaxed));
     }
 
     /// Start downloading `repo` (at `revision`, default `main`) from `endpoint` into
@@ -157,7 +158,7 @@ impl Downloads {
             return Err(DownloadError::BadRepo(format!("{repo}@{revision}")));
         }
         let job = {
-            let mut jobs = self.jobs.lock().unwrap_or_else(|e| e.into_inner());
+            let mut jobs = self.jobs.locked();
             if jobs.iter().any(|j| j.repo == repo && j.view().state == State::Running) {
                 return Err(DownloadError::AlreadyRunning(repo.to_string()));
             }
@@ -244,7 +245,7 @@ async fn fetch_repo(client: &reqwest::Client, endpoint: &str, job: &Job, revisio
         if job.cancel.load(Ordering::Relaxed) {
             return Err(DownloadError::Cancelled);
         }
-        job.state.lock().unwrap_or_else(|e| e.into_inner()).2 = f.rfilename.clone();
+        job.state.locked().2 = f.rfilename.clone();
         let url = format!("{endpoint}/{}/resolve/{sha}/{}", job.repo, f.rfilename);
         fetch_file(client, &url, job, &staging.join(&f.rfilename), f.size).await?;
     }

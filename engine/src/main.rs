@@ -194,7 +194,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 model.tokenizer.encode(&prompt, true)?
             };
             let sampling = SamplingParams { temperature: temp, top_p, top_k, min_p, repetition_penalty, seed, ..Default::default() };
-            let draft = perch_engine::generate::DraftMode::parse(&draft, &model)?;
+            let draft = perch_engine::decode::DraftMode::parse(&draft, &model)?;
             let params = GenerateParams { max_tokens, sampling, stop, draft, ..Default::default() };
             let mut out = std::io::stdout().lock();
             let g = generate(&model, &ids, &params, None, |piece| {
@@ -318,9 +318,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             let model = load(model, &dir)?;
             if let Some(draft) = draft {
-                let mode = perch_engine::generate::DraftMode::parse(&draft, &model)?;
+                let mode = perch_engine::decode::DraftMode::parse(&draft, &model)?;
                 let text = prompt.unwrap_or_else(|| match mode {
-                    perch_engine::generate::DraftMode::Lookup { .. } => bench::CODE_EDIT.to_string(),
+                    perch_engine::decode::DraftMode::Lookup { .. } => bench::CODE_EDIT.to_string(),
                     _ => bench::PASSAGE.to_string(),
                 });
                 let ids = model.tokenizer.encode(&text, true)?;

@@ -5,6 +5,9 @@ use std::path::PathBuf;
 /// The id `perch run` / `perch serve` use when no model is named.
 pub const DEFAULT_MODEL_ID: &str = "gemma-3-270m";
 
+/// The port the API listens on unless told otherwise.
+pub const DEFAULT_PORT: u16 = 7342;
+
 /// The models directory: `$PERCH_MODELS_DIR`, else the platform data directory
 /// (`~/Library/Application Support/dev.Perch.Perch/models` on macOS,
 /// `~/.local/share/perch/models` on Linux).

@@ -32,3 +32,30 @@ pub extern "C" fn mach_approximate_time() -> u64 {
     use std::time::{SystemTime, UNIX_EPOCH};
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
+
+/// The process's peak resident set size.
+///
+/// On Linux this is `VmHWM`, which starts afresh at exec; `getrusage`'s `ru_maxrss` keeps the
+/// peak of whatever process image ran before, so a child of a big parent would report the
+/// parent's peak.
+pub fn peak_rss_bytes() -> u64 {
+    if cfg!(target_os = "linux") {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        return status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024);
+    }
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return 0;
+    }
+    // macOS reports bytes.
+    usage.ru_maxrss as u64
+}
+
+/// Bytes MLX holds in arrays now (its buffer cache not counted).
+pub fn active_memory_bytes() -> Option<u64> {
+    mlx_rs::memory::active_memory().ok().map(|b| b as u64)
+}

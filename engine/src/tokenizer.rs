@@ -8,7 +8,6 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::error::{EngineError, Result};
-use crate::model::ModelConfig;
 
 #[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
 pub struct ChatMessage {
@@ -27,7 +26,9 @@ pub struct Tokenizer {
 }
 
 impl Tokenizer {
-    pub fn load(dir: &Path, cfg: &ModelConfig) -> Result<Tokenizer> {
+    /// The tokenizer files of model directory `dir`; `config_eos` are the end ids its
+    /// `config.json` names (taken as an argument so this module needs nothing of `model`).
+    pub fn load(dir: &Path, config_eos: &[u32]) -> Result<Tokenizer> {
         let file = dir.join("tokenizer.json");
         if !file.exists() {
             return Err(EngineError::Tokenizer(format!("{} is missing", file.display())));
@@ -56,7 +57,7 @@ impl Tokenizer {
         let bos_token = token_text(tc.get("bos_token"));
         let eos_token = token_text(tc.get("eos_token"));
 
-        let mut eos_ids: BTreeSet<u32> = cfg.token_ids("eos_token_id").into_iter().collect();
+        let mut eos_ids: BTreeSet<u32> = config_eos.iter().copied().collect();
         if let Some(ids) = gen.get("eos_token_id") {
             match ids {
                 Value::Number(n) => eos_ids.extend(n.as_u64().map(|n| n as u32)),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use perch_engine::generate::GenerateParams;
+use perch_engine::decode::GenerateParams;
 use perch_engine::runtime::{Engine, EngineConfig, KeepAlive, LadderConfig, LadderState};
 
 fn config(ladder: LadderConfig) -> EngineConfig {

@@ -312,7 +312,7 @@ async fn logprobs_and_json_mode() {
     let (st, b) = post(&s, "/v1/chat/completions", chat_body(json!({"response_format": {"type": "json_object"}, "max_tokens": 200}))).await;
     assert_eq!(st, 200, "{b}");
     let text = b["choices"][0]["message"]["content"].as_str().unwrap();
-    let mut check = perch_engine::json_prefix::JsonPrefix::new();
+    let mut check = perch_engine::decode::json_prefix::JsonPrefix::new();
     assert!(check.push_str(text), "not JSON: {text:?}");
     if b["choices"][0]["finish_reason"] == "stop" {
         assert!(serde_json::from_str::<Value>(text).unwrap().is_object(), "{text:?}");

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use common::*;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
-use perch_engine::generate::{DraftMode, DraftStats};
+use perch_engine::decode::{DraftMode, DraftStats};
 use perch_engine::{generate, FinishReason, GenerateParams, Generation, LoadedModel, SamplingParams};
 
 fn run(model: &LoadedModel, prompt: &[u32], n: usize, sampling: SamplingParams, draft: DraftMode) -> Generation {
@@ -109,7 +109,7 @@ fn the_mtp_head_matches_its_reference_logits() {
     let l = ids.len() as i32;
     let mut caches = model.net.new_caches();
     let hidden = model.net.hidden(&Array::from_slice(ids, &[1, l]), &mut caches).unwrap();
-    let mut cache = perch_engine::kv_cache::KvCache::new();
+    let mut cache = perch_engine::decode::kv_cache::KvCache::new();
     let head = model.mtp.as_ref().expect("the MTP fixture has an MTP head");
     let m = head.forward(model.net.as_ref(), &hidden.index((.., ..l - 1, ..)), &Array::from_slice(&ids[1..], &[1, l - 1]), &mut cache).unwrap();
     let got = model.net.logits(&m).unwrap();

@@ -16,7 +16,7 @@ use perch_engine::runtime::{Engine, EngineConfig};
 use perch_engine::server::{ServeConfig, Server};
 use perch_engine::tokenizer::ChatMessage;
 use perch_engine::train::data::{samples, Example, TrainData};
-use perch_engine::train::lora::{Lora, LoraSpec};
+use perch_engine::model::lora::{Lora, LoraSpec};
 use perch_engine::train::trainer::masked_loss;
 use serde_json::{json, Value};
 

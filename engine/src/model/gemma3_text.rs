@@ -9,8 +9,8 @@ use super::layers::{Attention, AttentionShape, Embedding, Mlp, RmsNorm, Rope, HO
 use super::weights::Weights;
 use super::{Architecture, ModelConfig};
 use crate::error::Result;
-use crate::kv_cache::KvCache;
-use crate::train::lora::{layer_of, LayerLora, Lora, ProjectionDims};
+use crate::decode::kv_cache::KvCache;
+use crate::model::lora::{layer_of, LayerLora, Lora, ProjectionDims};
 
 struct Block {
     input_norm: RmsNorm,

@@ -8,8 +8,8 @@ use mlx_rs::{Array, Dtype};
 use super::weights::Weights;
 use super::ModelConfig;
 use crate::error::{EngineError, Result};
-use crate::kv_cache::{AttentionMask, KvCache};
-use crate::train::lora::{layer_of, LayerLora, Lora, ProjectionDims, Target};
+use crate::decode::kv_cache::{AttentionMask, KvCache};
+use crate::model::lora::{layer_of, LayerLora, Lora, ProjectionDims, Target};
 
 /// MLX affine quantization parameters of one layer.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -5,6 +5,7 @@
 pub mod gemma3_text;
 pub mod host_head;
 pub mod layers;
+pub mod lora;
 pub mod llama;
 pub mod mtp;
 pub mod qwen2;
@@ -18,9 +19,9 @@ use mlx_rs::{Array, Dtype};
 use serde_json::Value;
 
 use crate::error::{EngineError, Result};
-use crate::kv_cache::KvCache;
+use crate::decode::kv_cache::KvCache;
 use crate::tokenizer::Tokenizer;
-use crate::train::lora::{Lora, ProjectionDims};
+use crate::model::lora::{Lora, ProjectionDims};
 use layers::QuantSpec;
 use weights::Weights;
 
@@ -239,7 +240,7 @@ pub fn load_model(dir: &Path) -> Result<LoadedModel> {
             ),
         });
     }
-    let tokenizer = std::sync::Arc::new(Tokenizer::load(dir, &cfg)?);
+    let tokenizer = std::sync::Arc::new(Tokenizer::load(dir, &cfg.token_ids("eos_token_id"))?);
     let id = dir.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
     Ok(LoadedModel {
         id,

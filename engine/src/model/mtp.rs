@@ -24,7 +24,7 @@ use super::layers::{Linear, PreNormBlock, RmsNorm, StackShape};
 use super::weights::Weights;
 use super::{Architecture, ModelConfig};
 use crate::error::Result;
-use crate::kv_cache::KvCache;
+use crate::decode::kv_cache::KvCache;
 
 pub struct MtpHead {
     embed_norm: RmsNorm,

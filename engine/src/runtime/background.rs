@@ -14,8 +14,9 @@ use super::engine::{Engine, Worker};
 use super::ladder::RungWork;
 use super::warmup::WarmupWork;
 use crate::error::{EngineError, Result};
-use crate::generate::{generate, token_array, DraftMode, GenerateParams};
-use crate::kv_cache::KvCache;
+use crate::decode::common::token_array;
+use crate::decode::{generate, DraftMode, GenerateParams};
+use crate::decode::kv_cache::KvCache;
 
 /// A ladder rung in progress: its caches live on the MLX thread between chunks.
 pub(crate) struct Scratch {
@@ -64,7 +65,7 @@ impl WarmupWork for WorkerWork {
         self.submit(move |w, id| {
             let model = model_of(&w.models, id)?;
             // docs/runtime.md §4.1: a 2-token plain bootstrap, then ~8 MTP tokens on a prompt of 24+.
-            let prompt = crate::bench::prompt_of_length(model, 32)?;
+            let prompt = super::warmup::prompt_of_length(model, 32)?;
             let plain = GenerateParams { max_tokens: 2, ignore_eos: true, ..Default::default() };
             generate(model, &prompt, &plain, Some(&cancel), |_| {})?;
             let mtp = GenerateParams { max_tokens: 8, draft: DraftMode::Mtp { depth: 1 }, ..plain };
@@ -80,7 +81,7 @@ impl RungWork for WorkerWork {
             let model = model_of(&w.models, id)?;
             let fresh = start == 0 || w.scratch.as_ref().is_none_or(|s| s.model != id || s.tokens.len() != rung);
             if fresh {
-                let tokens = crate::bench::prompt_of_length(model, rung)?;
+                let tokens = super::warmup::prompt_of_length(model, rung)?;
                 w.scratch = Some(Scratch { model: id.to_string(), caches: model.net.new_caches(), tokens, last: None });
             }
             let s = w.scratch.as_mut().unwrap();

@@ -15,12 +15,13 @@ use super::warmup::{warm_at_load, WarmupOutcome};
 use super::model_ref::ModelRef;
 use super::{Foreground, Gate, Lease, Leases};
 use crate::error::{EngineError, Result};
-use crate::generate::{generate_streaming, AdapterRef, DraftMode, GenerateParams, Generation, TokenLogprob};
-use crate::train::lora::Lora;
+use crate::decode::{generate_streaming, AdapterRef, DraftMode, GenerateParams, Generation, TokenLogprob};
+use crate::model::lora::Lora;
 use crate::train::trainer::Trainer;
 use crate::train::Training;
 use crate::model::{load_model, LoadedModel, ModelConfig};
 use crate::tokenizer::Tokenizer;
+use crate::sync::LockExt;
 
 /// How long an unused model stays loaded (Ollama's keep_alive).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,7 +248,7 @@ impl Engine {
         let task: Task = Box::new(move |w| {
             let _ = tx.send(f(w));
         });
-        self.worker.lock().unwrap_or_else(|e| e.into_inner()).send(task).map_err(|_| EngineError::Internal("the MLX thread has stopped".into()))?;
+        self.worker.locked().send(task).map_err(|_| EngineError::Internal("the MLX thread has stopped".into()))?;
         rx.recv().map_err(|_| EngineError::Internal("a task failed on the MLX thread (see the log)".into()))?
     }
 
@@ -257,7 +258,7 @@ impl Engine {
         let task: Task = Box::new(move |w| {
             let _ = tx.send(f(w));
         });
-        self.worker.lock().unwrap_or_else(|e| e.into_inner()).send(task).map_err(|_| EngineError::Internal("the MLX thread has stopped".into()))?;
+        self.worker.locked().send(task).map_err(|_| EngineError::Internal("the MLX thread has stopped".into()))?;
         Ok(rx)
     }
 
@@ -270,8 +271,8 @@ impl Engine {
 
     fn publish(&self, info: ModelInfo) {
         let ladder = WarmupLadder::new(self.config.ladder.clone(), &info.id, info.context_length);
-        self.known.lock().unwrap_or_else(|e| e.into_inner()).insert(info.id.clone(), info.clone());
-        self.resident.lock().unwrap_or_else(|e| e.into_inner()).push(Resident {
+        self.known.locked().insert(info.id.clone(), info.clone());
+        self.resident.locked().push(Resident {
             info,
             last_used: Instant::now(),
             mtp_warm: Arc::new(AtomicBool::new(false)),
@@ -281,13 +282,13 @@ impl Engine {
     }
 
     fn with_resident<T>(&self, id: &str, f: impl FnOnce(&mut Resident) -> T) -> Option<T> {
-        let mut r = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+        let mut r = self.resident.locked();
         r.iter_mut().find(|m| m.info.id == id).map(f)
     }
 
     /// Start background work for the models loaded so far, and the keep-alive reaper.
     pub fn start_background(self: &Arc<Self>) {
-        let ids: Vec<String> = self.resident.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|m| m.info.id.clone()).collect();
+        let ids: Vec<String> = self.resident.locked().iter().map(|m| m.info.id.clone()).collect();
         for id in ids {
             let lease = self.leases.acquire(&id);
             let engine = self.clone();
@@ -317,8 +318,8 @@ impl Engine {
             let work = WorkerWork::new(&self, id);
             warm_at_load(&work, id, &self.gate, lease, self.config.warmup_deadline, &warm).await
         };
-        *outcome.lock().unwrap_or_else(|e| e.into_inner()) = result;
-        *self.ladder.lock().unwrap_or_else(|e| e.into_inner()) = ladder.clone();
+        *outcome.locked() = result;
+        *self.ladder.locked() = ladder.clone();
         let work: Arc<dyn super::ladder::RungWork> = Arc::new(WorkerWork::new(&self, id));
         let (fg, gate, leases, id) = (self.foreground.clone(), self.gate.clone(), self.leases.clone(), id.to_string());
         tokio::spawn(ladder.run(work, id, fg, gate, leases));
@@ -326,15 +327,15 @@ impl Engine {
 
     /// The most recently used resident model (`None` once keep-alive unloaded them all).
     pub fn loaded(&self) -> Option<ModelInfo> {
-        self.resident.lock().unwrap_or_else(|e| e.into_inner()).last().map(|m| m.info.clone())
+        self.resident.locked().last().map(|m| m.info.clone())
     }
 
     pub fn resident_ids(&self) -> Vec<String> {
-        self.resident.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|m| m.info.id.clone()).collect()
+        self.resident.locked().iter().map(|m| m.info.id.clone()).collect()
     }
 
     pub fn resident_snapshot(&self) -> Vec<LoadedSnapshot> {
-        let r = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+        let r = self.resident.locked();
         r.iter()
             .map(|m| LoadedSnapshot {
                 id: m.info.id.clone(),
@@ -342,7 +343,7 @@ impl Engine {
                 context_length: m.info.context_length,
                 mtp: m.info.has_mtp,
                 mtp_warm: m.mtp_warm.load(Ordering::SeqCst),
-                load_time_warmup: *m.warmup.lock().unwrap_or_else(|e| e.into_inner()),
+                load_time_warmup: *m.warmup.locked(),
                 leases: self.leases.count(&m.info.id),
                 idle_s: m.last_used.elapsed().as_secs_f64(),
             })
@@ -350,7 +351,7 @@ impl Engine {
     }
 
     pub fn ladder_status(&self) -> LadderStatus {
-        self.ladder.lock().unwrap_or_else(|e| e.into_inner()).status()
+        self.ladder.locked().status()
     }
 
     /// The model a request names: a resident one, or an installed id (never a path: a
@@ -364,22 +365,22 @@ impl Engine {
     pub fn resolve(&self, r: &ModelRef) -> Result<ModelInfo> {
         let info = self.base_info(&r.base)?;
         let Some(name) = &r.adapter else { return Ok(info) };
-        let dir = crate::train::lora::adapter_dir(&self.config.models_dir, &info.id, name);
-        if !crate::train::lora::valid_name(name) || !dir.join("adapters.safetensors").is_file() {
+        let dir = crate::model::lora::adapter_dir(&self.config.models_dir, &info.id, name);
+        if !crate::model::lora::valid_name(name) || !dir.join("adapters.safetensors").is_file() {
             return Err(EngineError::ModelNotFound(r.to_string()));
         }
         Ok(ModelInfo { adapter: Some(AdapterRef { name: name.clone(), dir }), ..info })
     }
 
     fn base_info(&self, id: &str) -> Result<ModelInfo> {
-        if let Some(info) = self.known.lock().unwrap_or_else(|e| e.into_inner()).get(id) {
+        if let Some(info) = self.known.locked().get(id) {
             return Ok(info.clone());
         }
         let Some(dir) = self.config.catalog().resolve(id) else {
             return Err(EngineError::ModelNotFound(id.to_string()));
         };
         let info = self.capped(probe(&dir, id)?);
-        self.known.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), info.clone());
+        self.known.locked().insert(id.to_string(), info.clone());
         Ok(info)
     }
 
@@ -394,8 +395,8 @@ impl Engine {
         if let Some(lease) = self.lease_if_resident(id) {
             return Ok(lease);
         }
-        while self.resident.lock().unwrap_or_else(|e| e.into_inner()).len() >= self.config.max_resident.max(1) {
-            let victim = self.resident.lock().unwrap_or_else(|e| e.into_inner())[0].info.id.clone();
+        while self.resident.locked().len() >= self.config.max_resident.max(1) {
+            let victim = self.resident.locked()[0].info.id.clone();
             tracing::info!(evict = %victim, load = %id, "evicting the least recently used model");
             self.unload_locked(&victim).await?;
         }
@@ -421,7 +422,7 @@ impl Engine {
 
     /// A lease on `id` if it is loaded now (background work uses this: it never loads a model).
     pub(crate) fn lease_if_resident(&self, id: &str) -> Option<Lease> {
-        let mut r = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+        let mut r = self.resident.locked();
         let at = r.iter().position(|m| m.info.id == id)?;
         let mut m = r.remove(at);
         m.last_used = Instant::now();
@@ -452,7 +453,7 @@ impl Engine {
             Ok(())
         })?;
         rx.await.map_err(|_| EngineError::Internal("unloading failed on the MLX thread".into()))??;
-        self.resident.lock().unwrap_or_else(|e| e.into_inner()).retain(|m| m.info.id != id);
+        self.resident.locked().retain(|m| m.info.id != id);
         tracing::info!(model = id, "unloaded");
         Ok(())
     }
@@ -466,8 +467,7 @@ impl Engine {
         };
         let idle: Vec<String> = self
             .resident
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .iter()
             .filter(|m| m.last_used.elapsed() >= limit && self.leases.count(&m.info.id) == 0)
             .map(|m| m.info.id.clone())
@@ -488,7 +488,7 @@ impl Engine {
 
     /// Stop every ladder at its next chunk boundary (shutdown, restart).
     pub fn stop_background(&self) {
-        for m in self.resident.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        for m in self.resident.locked().iter() {
             m.ladder.stop();
         }
         self.training.stop(None, "the engine is stopping");
@@ -509,14 +509,14 @@ impl Engine {
         let g = tokio::task::spawn_blocking(move || {
             let cancel = Arc::new(AtomicBool::new(false));
             let r = engine.generate_blocking(&id, prompt, params, cancel, move |_, _| {
-                seen.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(Instant::now);
+                seen.locked().get_or_insert_with(Instant::now);
             });
             drop((permit, lease, user));
             r
         })
         .await
         .map_err(|e| EngineError::Internal(e.to_string()))??;
-        let ttft = first.lock().unwrap_or_else(|e| e.into_inner()).map_or(arrived.elapsed(), |t| t - arrived);
+        let ttft = first.locked().map_or(arrived.elapsed(), |t| t - arrived);
         Ok((g, ttft))
     }
 
@@ -606,7 +606,7 @@ pub(crate) fn info_of(model: &LoadedModel) -> ModelInfo {
 /// An installed model's tokenizer and limits, without loading its weights.
 fn probe(dir: &Path, id: &str) -> Result<ModelInfo> {
     let cfg = ModelConfig::read(dir)?;
-    let tokenizer = Arc::new(Tokenizer::load(dir, &cfg)?);
+    let tokenizer = Arc::new(Tokenizer::load(dir, &cfg.token_ids("eos_token_id"))?);
     Ok(ModelInfo {
         id: id.to_string(),
         dir: dir.to_path_buf(),

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
+use crate::sync::LockExt;
 
 #[derive(Default)]
 struct State {
@@ -59,7 +60,7 @@ impl Foreground {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         // A panic elsewhere while holding this lock cannot leave the counters half-updated
         // (every update is one statement), so a poisoned lock is still good.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// A user request arrived: stamp `last_arrival_at` before any parsing or tokenizing.

@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use super::{Foreground, ForegroundSnapshot, Gate, Leases};
 use crate::error::Result;
+use crate::sync::LockExt;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct LadderConfig {
@@ -145,11 +146,11 @@ impl WarmupLadder {
     }
 
     pub fn status(&self) -> LadderStatus {
-        self.status.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.status.locked().clone()
     }
 
     fn update(&self, f: impl FnOnce(&mut LadderStatus)) {
-        f(&mut self.status.lock().unwrap_or_else(|e| e.into_inner()));
+        f(&mut self.status.locked());
     }
 
     /// Stop at the next chunk boundary (model unload, engine restart).

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use crate::sync::LockExt;
 
 #[derive(Default)]
 pub struct Leases {
@@ -31,7 +32,7 @@ impl Leases {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
-        self.counts.lock().unwrap_or_else(|e| e.into_inner())
+        self.counts.locked()
     }
 
     pub fn acquire(self: &Arc<Self>, model: &str) -> Lease {

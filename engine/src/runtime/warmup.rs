@@ -11,6 +11,16 @@ use tokio::sync::oneshot;
 
 use super::{Gate, Lease};
 use crate::error::Result;
+use crate::model::LoadedModel;
+
+/// A fixed English passage, tokenized and repeated to the lengths warmups and benchmarks need,
+/// so runs and peers (scripts/bench-vs-mlx-lm reads the same file) see the same token ids.
+pub const PASSAGE: &str = include_str!("../bench_passage.txt");
+
+pub fn prompt_of_length(model: &LoadedModel, n: usize) -> Result<Vec<u32>> {
+    let unit = model.tokenizer.encode(PASSAGE, false)?;
+    Ok(unit.iter().copied().cycle().take(n).collect())
+}
 
 /// The model work of a warmup, so policies can be tested with fakes.
 pub trait WarmupWork: Send + Sync {

@@ -21,9 +21,10 @@ use super::error::ApiError;
 use super::request::{self, Endpoint, Input, ParsedRequest};
 use super::request_log::RequestRecord;
 use super::App;
-use crate::generate::{FinishReason, Generation, TokenLogprob};
+use crate::decode::{FinishReason, Generation, TokenLogprob};
 use crate::runtime::engine::ModelInfo;
 use crate::runtime::{GateError, GatePermit, Lease, Policy, UserRequest};
+use crate::sync::LockExt;
 
 fn unix_now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
@@ -44,7 +45,7 @@ fn model_list(app: &App) -> Vec<Value> {
         .flat_map(|m| {
             let loaded = resident.iter().any(|r| r.id == m.id);
             // Each saved LoRA adapter is served as `model+adapter`.
-            let adapters = crate::train::lora::list_adapters(&app.engine.config.models_dir, &m.id);
+            let adapters = crate::model::lora::list_adapters(&app.engine.config.models_dir, &m.id);
             let mut entries = vec![model_entry(&m.id, m.context_length, &m.architecture, loaded)];
             entries.extend(adapters.iter().map(|a| model_entry(&format!("{}+{a}", m.id), m.context_length, &m.architecture, loaded)));
             entries
@@ -91,12 +92,12 @@ pub async fn health(State(app): State<Arc<App>>) -> Response {
         "leases": {"total": e.leases.total(), "by_model": e.leases.snapshot()},
         "mtp": resident.last().map(|m| json!({"present": m.mtp, "warm": m.mtp_warm, "load_time_warmup": m.load_time_warmup})),
         "warmup_ladder": e.ladder_status(),
-        "last_request": *app.last_request.lock().unwrap_or_else(|e| e.into_inner()),
+        "last_request": *app.last_request.locked(),
         "memory": {
             "active_bytes": mem(mlx_rs::memory::active_memory()),
             "cache_bytes": mem(mlx_rs::memory::cache_memory()),
             "peak_bytes": mem(mlx_rs::memory::peak_memory()),
-            "rss_peak_bytes": crate::bench::peak_rss_bytes(),
+            "rss_peak_bytes": crate::platform::peak_rss_bytes(),
         },
     }))
     .into_response()
@@ -149,7 +150,7 @@ fn prepare(app: &App, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", format!("The body is larger than {} bytes", app.config.max_body_bytes)).code("request_too_large"),
         s => ApiError::new(s, "invalid_request_error", r.body_text()),
     })?;
-    let defaults = *app.sampling.lock().unwrap_or_else(|e| e.into_inner());
+    let defaults = *app.sampling.locked();
     let mut req = request::parse_with(endpoint, &bytes, &defaults)?;
     let info = app.engine.resolve(&req.model)?;
     let tok = &info.tokenizer;
@@ -271,7 +272,7 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: Result<Bytes, BytesRe
     };
     user.start();
     let cancel = Arc::new(AtomicBool::new(false));
-    app.in_flight.lock().unwrap_or_else(|e| e.into_inner()).insert(n, cancel.clone());
+    app.in_flight.locked().insert(n, cancel.clone());
     let (tx, rx) = mpsc::unbounded_channel();
     let stream = p.req.stream;
     let include_usage = p.req.include_usage;
@@ -303,7 +304,7 @@ fn run(app: Arc<App>, id: String, n: u64, p: Prepared, held: (GatePermit, Lease)
     let result = app.engine.generate_blocking(&p.info.id, p.prompt.clone(), params, cancel, move |text, lps| {
         let _ = pieces.send(Msg::Piece(text.to_string(), lps.to_vec()));
     });
-    app.in_flight.lock().unwrap_or_else(|e| e.into_inner()).remove(&n);
+    app.in_flight.locked().remove(&n);
     let endpoint = endpoint_name(p.req.endpoint);
     let mut rec = RequestRecord {
         id,
@@ -325,7 +326,7 @@ fn run(app: Arc<App>, id: String, n: u64, p: Prepared, held: (GatePermit, Lease)
             rec.ttft_s = Some(ttft);
             rec.prefill_tok_s = Some(g.prefill_tokens_per_sec());
             rec.decode_tok_s = decode;
-            *app.last_request.lock().unwrap_or_else(|e| e.into_inner()) = Some(json!({"model": p.info.id, "completion_tokens": g.tokens.len(), "decode_tok_s": decode, "ttft_s": ttft}));
+            *app.last_request.locked() = Some(json!({"model": p.info.id, "completion_tokens": g.tokens.len(), "decode_tok_s": decode, "ttft_s": ttft}));
             rec.finish_reason = Some(finish_name(g.finish_reason).into());
             rec.draft = g.draft.clone();
             if app.log.as_ref().is_some_and(|l| l.with_text) {

@@ -8,6 +8,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use crate::sync::LockExt;
 
 type Labels = Vec<(String, String)>;
 
@@ -63,7 +64,7 @@ impl Metrics {
         self.queue_depth.set(queue_depth as i64);
         self.active.set(active as i64);
         let mut out = String::new();
-        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let registry = self.registry.locked();
         encode(&mut out, &registry).expect("writing to a String cannot fail");
         out
     }

@@ -35,7 +35,8 @@ use request_log::RequestLog;
 
 /// Perch's default port: clear of Ollama (11434), LM Studio (1234) and the usual dev servers
 /// (3000, 5000, 5173, 8000, 8080, 8888).
-pub const DEFAULT_PORT: u16 = 7342;
+pub use crate::paths::DEFAULT_PORT;
+use crate::sync::{LockExt, RwLockExt};
 
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
@@ -81,6 +82,21 @@ impl Default for ServeConfig {
     }
 }
 
+impl ServeConfig {
+    /// What the settings file says about serving (the rest stays at the defaults).
+    pub fn from_settings(settings: &crate::config::Settings, log_dir: Option<PathBuf>) -> ServeConfig {
+        ServeConfig {
+            port: settings.port,
+            api_key: Some(settings.api_key.clone()).filter(|k| !k.is_empty()),
+            allowed_origins: settings.allowed_origins.clone(),
+            log_dir,
+            log_text: settings.log_text,
+            sampling: settings.sampling,
+            ..ServeConfig::default()
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("refusing to listen on {0} without an API key: anyone on the network could use the engine. Pass --api-key, or bind to 127.0.0.1")]
@@ -113,7 +129,7 @@ impl App {
     }
 
     fn cancel_all(&self) -> usize {
-        let map = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        let map = self.in_flight.locked();
         map.values().for_each(|c| c.store(true, Ordering::Relaxed));
         map.len()
     }
@@ -175,39 +191,39 @@ pub struct Front {
 
 impl Front {
     pub fn app(&self) -> Option<Arc<App>> {
-        self.hosted.read().unwrap_or_else(|e| e.into_inner()).as_ref().map(|(a, _)| a.clone())
+        self.hosted.read_now().as_ref().map(|(a, _)| a.clone())
     }
 
     pub(crate) fn guard_config(&self) -> Arc<ServeConfig> {
-        self.guard.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.guard.read_now().clone()
     }
 
     pub fn set_control(&self, router: Router) {
-        *self.control.write().unwrap_or_else(|e| e.into_inner()) = Some(router);
+        *self.control.write_now() = Some(router);
     }
 
     pub fn control_router(&self) -> Router {
-        self.control.read().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default()
+        self.control.read_now().clone().unwrap_or_default()
     }
 
     pub fn set_unavailable(&self, why: impl Into<String>) {
-        *self.unavailable.write().unwrap_or_else(|e| e.into_inner()) = why.into();
+        *self.unavailable.write_now() = why.into();
     }
 }
 
 async fn dispatch(State(front): State<Arc<Front>>, req: Request) -> Response {
     if req.uri().path().starts_with("/api/") {
-        let control = front.control.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let control = front.control.read_now().clone();
         return match control {
             Some(r) => r.oneshot(req).await.into_response(),
             None => ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "The control API is served by the desktop app and by `perch serve --config FILE`").code("not_found").into_response(),
         };
     }
-    let hosted = front.hosted.read().unwrap_or_else(|e| e.into_inner()).as_ref().map(|(_, r)| r.clone());
+    let hosted = front.hosted.read_now().as_ref().map(|(_, r)| r.clone());
     match hosted {
         Some(r) => r.oneshot(req).await.into_response(),
         None => {
-            let why = front.unavailable.read().unwrap_or_else(|e| e.into_inner()).clone();
+            let why = front.unavailable.read_now().clone();
             let mut r = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", why).code("engine_restarting").into_response();
             r.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
             r
@@ -281,8 +297,8 @@ impl Server {
         engine.start_background();
         let sampling = Mutex::new(config.sampling);
         let app = Arc::new(App { engine, config: config.clone(), metrics: Metrics::new(), log, sampling, last_request: Mutex::new(None), next_id: AtomicU64::new(1), in_flight: Mutex::new(HashMap::new()) });
-        *self.front.guard.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
-        *self.front.hosted.write().unwrap_or_else(|e| e.into_inner()) = Some((app.clone(), router(app.clone())));
+        *self.front.guard.write_now() = Arc::new(config);
+        *self.front.hosted.write_now() = Some((app.clone(), router(app.clone())));
         Ok(app)
     }
 
@@ -290,7 +306,7 @@ impl Server {
     /// in-flight requests finish within `grace` or are cancelled, leases are returned.
     pub async fn unhost(&self, why: &str, grace: Duration) -> Option<Arc<App>> {
         self.front.set_unavailable(why);
-        let app = self.front.hosted.write().unwrap_or_else(|e| e.into_inner()).take().map(|(a, _)| a)?;
+        let app = self.front.hosted.write_now().take().map(|(a, _)| a)?;
         app.drain(grace).await;
         Some(app)
     }
@@ -333,10 +349,6 @@ impl Server {
     }
 }
 
-/// Bytes MLX holds for arrays now (the tray's memory figure).
-pub fn active_memory_bytes() -> Option<u64> {
-    mlx_rs::memory::active_memory().ok().map(|b| b as u64)
-}
 
 /// Ctrl-C, or SIGTERM where there is one.
 pub async fn wait_for_signal() {

@@ -6,8 +6,8 @@ use serde_json::{Map, Value};
 use super::error::ApiError;
 use crate::config::SamplingDefaults;
 use crate::runtime::ModelRef;
-use crate::generate::GenerateParams;
-use crate::sampler::SamplingParams;
+use crate::decode::GenerateParams;
+use crate::decode::sampler::SamplingParams;
 use crate::tokenizer::ChatMessage;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

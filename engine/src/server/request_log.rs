@@ -10,7 +10,8 @@ use file_rotate::suffix::AppendCount;
 use file_rotate::{ContentLimit, FileRotate};
 use serde::Serialize;
 
-use crate::generate::DraftStats;
+use crate::decode::DraftStats;
+use crate::sync::LockExt;
 
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct RequestRecord {
@@ -69,7 +70,7 @@ impl RequestLog {
     pub fn write(&self, record: &RequestRecord) {
         let Ok(mut line) = serde_json::to_vec(record) else { return };
         line.push(b'\n');
-        let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = self.file.locked();
         if let Err(e) = f.write_all(&line).and_then(|_| f.flush()) {
             tracing::warn!(error = %e, "could not write the request log");
         }

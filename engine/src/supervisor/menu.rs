@@ -47,7 +47,7 @@ impl Supervisor {
                     .and_then(|a| a.last_request.lock().ok()?.as_ref()?.get("decode_tok_s")?.as_f64())
                     .map(|r| format!(" · {r:.1} tok/s"))
                     .unwrap_or_default();
-                let memory = crate::server::active_memory_bytes().map(|b| format!(" · {}", human_bytes(b))).unwrap_or_default();
+                let memory = crate::platform::active_memory_bytes().map(|b| format!(" · {}", human_bytes(b))).unwrap_or_default();
                 format!("{model}{rate}{memory}")
             }
             _ => status.message.clone(),

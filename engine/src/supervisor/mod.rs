@@ -19,7 +19,8 @@ use serde::Serialize;
 use crate::config::{ConfigError, Settings};
 use crate::download::Downloads;
 use crate::runtime::Engine;
-use crate::server::{ServeError, Server, DEFAULT_PORT};
+use crate::server::{ServeConfig, ServeError, Server};
+use crate::sync::LockExt;
 
 /// How long in-flight requests may run on a restart before they are cancelled.
 pub const RESTART_GRACE: Duration = Duration::from_secs(10);
@@ -78,7 +79,7 @@ pub struct Supervisor {
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.locked()
 }
 
 impl Supervisor {
@@ -92,12 +93,12 @@ impl Supervisor {
             }
         }
         let loaded = Settings::load(path);
-        let port = match &loaded {
-            Ok(s) => s.port,
-            // Serve the UI where the user expects it, so they can fix the file there.
-            Err(_) => std::fs::read_to_string(path).ok().and_then(|t| toml::from_str::<Settings>(&t).ok()).map_or(DEFAULT_PORT, |s| s.port),
+        let serve = match &loaded {
+            Ok(s) => ServeConfig::from_settings(s, log_dir.clone()),
+            // Serve the UI where the user expects it, so they can fix the file there, guarded
+            // by the key the file holds (never the defaults' lack of one).
+            Err(_) => ServeConfig::from_settings(&Settings::salvage(&std::fs::read_to_string(path).unwrap_or_default()), None),
         };
-        let serve = loaded.as_ref().map(|s| s.serve_config(log_dir.clone())).unwrap_or_else(|_| Settings { port, ..Settings::default() }.serve_config(None));
         let server = Server::bind(serve).await?;
         let url = server.url();
         let sup = Arc::new(Supervisor {
@@ -255,7 +256,7 @@ impl Supervisor {
         // A new port is bound before the old engine goes, so a busy port changes nothing.
         let mut moved: Option<Server> = None;
         if new.port != 0 && new.port != server.addr.port() {
-            match Server::bind(new.serve_config(self.log_dir.clone())).await {
+            match Server::bind(ServeConfig::from_settings(&new, self.log_dir.clone())).await {
                 Ok(s) => {
                     s.front.set_control(server.front.control_router());
                     moved = Some(s);
@@ -299,7 +300,7 @@ impl Supervisor {
             Ok(r) => r.map_err(|e| e.to_string()),
             Err(e) => Err(format!("the engine panicked while starting: {e}")),
         };
-        let hosted = started.and_then(|engine| server.host(Arc::new(engine), new.serve_config(self.log_dir.clone())).map_err(|e| e.to_string()));
+        let hosted = started.and_then(|engine| server.host(Arc::new(engine), ServeConfig::from_settings(&new, self.log_dir.clone())).map_err(|e| e.to_string()));
         match hosted {
             Ok(_) => {
                 *lock(&self.applied) = Some(new.clone());

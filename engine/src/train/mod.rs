@@ -6,7 +6,6 @@
 //! guards the receipt and the pacer and is only ever held for a few arithmetic steps.
 
 pub mod data;
-pub mod lora;
 pub mod pacing;
 pub mod receipt;
 pub mod request;
@@ -21,6 +20,7 @@ use std::time::Instant;
 pub use pacing::{Pacer, Pacing};
 pub use receipt::{Receipt, ReceiptSummary, TurnOutcome};
 pub use run::{Run, RunState, RunStatus};
+use crate::sync::LockExt;
 
 #[derive(Default)]
 struct Ledger {
@@ -57,7 +57,7 @@ impl Training {
     }
 
     fn ledger(&self) -> MutexGuard<'_, Ledger> {
-        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+        self.ledger.locked()
     }
 
     /// A user turn starts generating. Finish it with its decode steps; dropping it unfinished
@@ -132,12 +132,12 @@ impl Training {
 
     /// The current run, or the last one.
     pub fn current(&self) -> Option<Arc<Run>> {
-        self.run.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.run.locked().clone()
     }
 
     /// Install `run` unless one is still active; returns the active one otherwise.
     fn install(&self, run: Arc<Run>) -> Result<(), Arc<Run>> {
-        let mut slot = self.run.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = self.run.locked();
         if let Some(active) = slot.as_ref().filter(|r| r.is_active()) {
             return Err(active.clone());
         }

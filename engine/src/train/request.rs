@@ -3,7 +3,7 @@
 use serde_json::{Map, Value};
 
 use super::data::{Example, TrainData};
-use super::lora::{valid_name, LoraSpec, TARGETS};
+use crate::model::lora::{valid_name, LoraSpec, TARGETS};
 use super::pacing::Pacing;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -21,6 +21,7 @@ use super::trainer::{TrainSetup, Trainer, WorkReport};
 use super::Training;
 use crate::error::{EngineError, Result};
 use crate::runtime::Engine;
+use crate::sync::LockExt;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -138,11 +139,11 @@ pub struct Run {
 
 impl Run {
     fn update(&self, f: impl FnOnce(&mut Progress)) {
-        f(&mut self.progress.lock().unwrap_or_else(|e| e.into_inner()));
+        f(&mut self.progress.locked());
     }
 
     fn state(&self) -> RunState {
-        self.progress.lock().unwrap_or_else(|e| e.into_inner()).state
+        self.progress.locked().state
     }
 
     pub fn is_active(&self) -> bool {
@@ -152,7 +153,7 @@ impl Run {
     pub fn status(&self, training: &Training) -> RunStatus {
         let (receipt, pacer, in_window) = training.snapshot();
         let now = training.now();
-        let p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        let p = self.progress.locked();
         let active = p.window_s_total + p.yielded_s;
         let share = if active > 0.0 { p.window_s_total / active } else { 0.0 };
         let kept = match (pacer.r0, pacer.rw) {
@@ -329,7 +330,7 @@ impl Engine {
             return Err(field("model", "train a base model, not an adapter"));
         }
         let info = self.resolve(&model).map_err(|e| field("model", e.to_string()))?;
-        let dir = super::lora::adapter_dir(&self.config.models_dir, &info.id, &req.adapter);
+        let dir = crate::model::lora::adapter_dir(&self.config.models_dir, &info.id, &req.adapter);
         if dir.exists() {
             return Err(field("adapter", format!("`{}` already exists for `{}`; pick another name", req.adapter, info.id)));
         }
@@ -464,7 +465,7 @@ async fn windows(engine: &Weak<Engine>, run: &Arc<Run>) -> Result<bool> {
 
 /// Save the adapter (if it took a step) and free the trainer; `Ok(true)` when written.
 async fn save(e: &Arc<Engine>, run: &Arc<Run>) -> Result<bool> {
-    let steps = run.progress.lock().unwrap_or_else(|e| e.into_inner()).steps;
+    let steps = run.progress.locked().steps;
     let (dir, meta) = (run.dir.clone(), serde_json::json!({"base_model": run.model, "steps": steps}));
     let training = e.training.clone();
     let rx = e.on_worker_async(move |w| {

@@ -11,7 +11,7 @@ use mlx_rs::transforms::{eval, value_and_grad_with_argnums};
 use mlx_rs::{Array, Dtype};
 
 use super::data::{shuffle, Sample};
-use super::lora::{Lora, LoraSpec, ProjectionDims, Target};
+use crate::model::lora::{Lora, LoraSpec, ProjectionDims, Target};
 use crate::error::{EngineError, Result};
 use crate::model::{Architecture, LoadedModel};
 

@@ -16,119 +16,13 @@ use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
 use mlx_rs::ops::{self, concatenate};
 use mlx_rs::transforms::eval;
 use mlx_rs::{random, Array};
-use serde::{Deserialize, Serialize};
 
 use crate::error::{EngineError, Result};
-use crate::generate::{begin, cancelled_early, token_array, Begin, Generation, Output, Request, TokenLogprob};
-use crate::kv_cache::{KvCache, SLIDING_SLACK};
+use super::common::{begin, cancelled_early, token_array, Begin, DraftMode, DraftStats, Generation, Output, Request, TokenLogprob};
+use super::kv_cache::KvCache;
 use crate::model::mtp::MtpHead;
 use crate::model::LoadedModel;
-use crate::sampler::Sampler;
-
-/// Where draft tokens come from.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "snake_case", tag = "mode")]
-pub enum DraftMode {
-    /// Plain decoding.
-    #[default]
-    None,
-    /// Continue the most recent earlier occurrence of the last n tokens (n from `max_ngram`
-    /// down to `min_ngram`) with up to `max_draft` of the tokens that followed it.
-    Lookup { min_ngram: usize, max_ngram: usize, max_draft: usize },
-    /// The model's MTP head, chained `depth` times (1 to 3).
-    Mtp { depth: usize },
-}
-
-pub const MAX_MTP_DEPTH: usize = 3;
-
-impl DraftMode {
-    pub fn lookup() -> DraftMode {
-        DraftMode::Lookup { min_ngram: 2, max_ngram: 4, max_draft: 8 }
-    }
-
-    /// MTP when the model has a head, prompt lookup otherwise.
-    pub fn auto(model: &LoadedModel) -> DraftMode {
-        match model.mtp {
-            Some(_) => DraftMode::Mtp { depth: 1 },
-            None => DraftMode::lookup(),
-        }
-    }
-
-    /// `none`, `lookup`, `mtp` or `mtp:DEPTH`, `auto` (for the command line and the config).
-    pub fn parse(s: &str, model: &LoadedModel) -> Result<DraftMode> {
-        let bad = || EngineError::InvalidRequest(format!("draft mode `{s}`: expected none, lookup, mtp, mtp:DEPTH or auto"));
-        Ok(match s {
-            "none" => DraftMode::None,
-            "lookup" => DraftMode::lookup(),
-            "auto" => DraftMode::auto(model),
-            "mtp" => DraftMode::Mtp { depth: 1 },
-            _ => match s.strip_prefix("mtp:") {
-                Some(d) => DraftMode::Mtp { depth: d.parse().map_err(|_| bad())? },
-                None => return Err(bad()),
-            },
-        })
-    }
-
-    fn validate(&self, model: &LoadedModel) -> Result<()> {
-        let bad = |m: String| Err(EngineError::InvalidRequest(m));
-        match *self {
-            DraftMode::None => Ok(()),
-            DraftMode::Mtp { .. } if model.mtp.is_none() => bad(format!("model `{}` has no MTP head; use prompt lookup", model.id)),
-            DraftMode::Mtp { depth } if !(1..=MAX_MTP_DEPTH).contains(&depth) => {
-                bad(format!("MTP draft depth must be 1 to {MAX_MTP_DEPTH}, not {depth}"))
-            }
-            DraftMode::Lookup { min_ngram, max_ngram, max_draft } => {
-                if min_ngram == 0 || min_ngram > max_ngram {
-                    return bad("prompt lookup needs 1 <= min_ngram <= max_ngram".into());
-                }
-                // Rejected drafts are rolled back; a sliding-window cache keeps this much room.
-                if !(1..=SLIDING_SLACK as usize).contains(&max_draft) {
-                    return bad(format!("prompt lookup max_draft must be 1 to {SLIDING_SLACK}"));
-                }
-                Ok(())
-            }
-            DraftMode::Mtp { .. } => Ok(()),
-        }
-    }
-}
-
-/// What speculative decoding did for one request.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
-pub struct DraftStats {
-    /// `mtp` or `lookup`.
-    pub mode: String,
-    /// Chained MTP steps per round (0 for prompt lookup).
-    pub mtp_depth: usize,
-    /// Forward passes of the main model after the prompt (each verifies one round's drafts).
-    pub verify_calls: usize,
-    /// Drafts proposed at depth i + 1 (the i-th token of a round's draft).
-    pub drafted_by_depth: Vec<usize>,
-    /// Drafts accepted at depth i + 1.
-    pub accepted_by_depth: Vec<usize>,
-    /// Rounds whose drafts were all accepted, so the verify pass added one more token.
-    pub bonus_tokens: usize,
-    /// Accepted / drafted over all depths.
-    pub acceptance_rate: f64,
-}
-
-impl DraftStats {
-    fn record(&mut self, drafted: usize, accepted: usize) {
-        self.verify_calls += 1;
-        for d in 0..drafted {
-            if self.drafted_by_depth.len() <= d {
-                self.drafted_by_depth.push(0);
-                self.accepted_by_depth.push(0);
-            }
-            self.drafted_by_depth[d] += 1;
-            self.accepted_by_depth[d] += usize::from(d < accepted);
-        }
-        if drafted > 0 && accepted == drafted {
-            self.bonus_tokens += 1;
-        }
-        let total: usize = self.drafted_by_depth.iter().sum();
-        self.acceptance_rate = self.accepted_by_depth.iter().sum::<usize>() as f64 / total.max(1) as f64;
-    }
-}
+use super::sampler::Sampler;
 
 /// One round's drafts, on the device: ids [k] and, when sampling, the distributions they were
 /// drawn from ([k, V]; `None` means one-hot, as for prompt lookup and greedy MTP).

@@ -8,8 +8,8 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::eval;
 
 use crate::error::{EngineError, Result};
-use crate::generate::{begin, cancelled_early, host_u32, prefill, token_array, Begin, Generation, Output, Request, TokenLogprob, TopLogprob};
-use crate::json_prefix::JsonPrefix;
+use super::common::{begin, cancelled_early, host_u32, prefill, token_array, Begin, Generation, Output, Request, TokenLogprob, TopLogprob};
+use super::json_prefix::JsonPrefix;
 use crate::model::LoadedModel;
 
 /// Candidates checked against the JSON grammar before falling back to the whole vocabulary.

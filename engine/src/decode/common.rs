@@ -1,18 +1,19 @@
-//! The generation loop: chunked prefill, then decode with the next step queued (async_eval)
-//! while the host reads the current token, the way mlx-lm pipelines it.
+//! What every decoding loop shares: a generation's parameters and result, the request they
+//! run, prefill, the single `Output` end that emits text and stops, stop strings, and the
+//! draft settings. The loops (`generate`, `guided`, `speculative`) build on this and never
+//! on each other.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::transforms::{async_eval, eval};
+use mlx_rs::transforms::eval;
 use mlx_rs::Array;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
+use super::kv_cache::{KvCache, SLIDING_SLACK};
+use super::sampler::{Sampler, SamplingParams};
 use crate::error::{EngineError, Result};
 use crate::model::LoadedModel;
-use crate::sampler::{Sampler, SamplingParams};
-pub use crate::speculative::{DraftMode, DraftStats};
 use crate::tokenizer::StreamDecoder;
 
 #[derive(Debug, Clone)]
@@ -110,85 +111,110 @@ impl Generation {
     }
 }
 
-/// Plain decoding, with the next step queued (async_eval) while the host reads the current
-/// token.
-fn generate_plain(req: Request<'_>, on_piece: &mut dyn FnMut(&str, &[TokenLogprob])) -> Result<Generation> {
-    let Begin { max_tokens, start, mut sampler, mut caches } = begin(&req)?;
-    let Request { model, prompt, params, cancel } = req;
-
-    let last = prompt[prompt.len() - 1];
-    if !prefill(model, &prompt[..prompt.len() - 1], params.prefill_chunk, &mut caches, cancel)? {
-        return Ok(cancelled_early(prompt.len(), start));
-    }
-
-    let mut step = |input: &Array, caches: &mut [crate::kv_cache::KvCache]| -> Result<Array> {
-        let logits = model.forward(input, caches)?;
-        let last = logits.index((.., -1, ..));
-        sampler.sample(&last)
-    };
-
-    let mut y = step(&token_array(&[last]), &mut caches)?;
-    async_eval([&y])?;
-
-    let mut out = Output::new(model, params, max_tokens, cancel, on_piece);
-    // The step queued behind the token being read; drained before returning so no MLX work
-    // is left running when the caller (or the process) moves on.
-    let mut queued: Option<Array> = None;
-    for n in 0..max_tokens {
-        // Queue step n+1 before the host waits on token n.
-        if n + 1 < max_tokens {
-            let next = step(&y.reshape(&[1, 1])?, &mut caches)?;
-            async_eval([&next])?;
-            queued = Some(next);
-        }
-        if !out.push(host_u32(&y)?)? {
-            break;
-        }
-        match queued.take() {
-            Some(next) => y = next,
-            None => break,
-        }
-    }
-    if let Some(pending) = queued.take() {
-        pending.eval()?;
-    }
-    out.finish(prompt.len(), start, None)
+/// Where draft tokens come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case", tag = "mode")]
+pub enum DraftMode {
+    /// Plain decoding.
+    #[default]
+    None,
+    /// Continue the most recent earlier occurrence of the last n tokens (n from `max_ngram`
+    /// down to `min_ngram`) with up to `max_draft` of the tokens that followed it.
+    Lookup { min_ngram: usize, max_ngram: usize, max_draft: usize },
+    /// The model's MTP head, chained `depth` times (1 to 3).
+    Mtp { depth: usize },
 }
 
-/// Generate from `prompt` token ids. `on_text` receives each new piece of text as soon as it
-/// is known to be final (whole UTF-8, not part of a possible stop string). Setting `cancel`
-/// ends the generation within one step.
-pub fn generate(
-    model: &LoadedModel,
-    prompt: &[u32],
-    params: &GenerateParams,
-    cancel: Option<&AtomicBool>,
-    mut on_text: impl FnMut(&str),
-) -> Result<Generation> {
-    generate_streaming(model, prompt, params, cancel, |t, _| on_text(t))
-}
+pub const MAX_MTP_DEPTH: usize = 3;
 
-/// `generate`, with each piece's tokens' logprobs (when asked for) passed along.
-///
-/// Dispatch: logprobs and JSON mode need the host to see every step (`guided`); otherwise
-/// speculative decoding when a draft source is set, else plain pipelined decoding.
-pub fn generate_streaming(
-    model: &LoadedModel,
-    prompt: &[u32],
-    params: &GenerateParams,
-    cancel: Option<&AtomicBool>,
-    mut on_piece: impl FnMut(&str, &[TokenLogprob]),
-) -> Result<Generation> {
-    let req = Request { model, prompt, params, cancel };
-    if params.logprobs.is_some() || params.json_mode {
-        return crate::guided::generate(req, &mut on_piece);
+impl DraftMode {
+    pub fn lookup() -> DraftMode {
+        DraftMode::Lookup { min_ngram: 2, max_ngram: 4, max_draft: 8 }
     }
-    match params.draft {
-        DraftMode::None => generate_plain(req, &mut on_piece),
-        _ => crate::speculative::generate(req, &mut on_piece),
+
+    /// MTP when the model has a head, prompt lookup otherwise.
+    pub fn auto(model: &LoadedModel) -> DraftMode {
+        match model.mtp {
+            Some(_) => DraftMode::Mtp { depth: 1 },
+            None => DraftMode::lookup(),
+        }
+    }
+
+    /// `none`, `lookup`, `mtp` or `mtp:DEPTH`, `auto` (for the command line and the config).
+    pub fn parse(s: &str, model: &LoadedModel) -> Result<DraftMode> {
+        let bad = || EngineError::InvalidRequest(format!("draft mode `{s}`: expected none, lookup, mtp, mtp:DEPTH or auto"));
+        Ok(match s {
+            "none" => DraftMode::None,
+            "lookup" => DraftMode::lookup(),
+            "auto" => DraftMode::auto(model),
+            "mtp" => DraftMode::Mtp { depth: 1 },
+            _ => match s.strip_prefix("mtp:") {
+                Some(d) => DraftMode::Mtp { depth: d.parse().map_err(|_| bad())? },
+                None => return Err(bad()),
+            },
+        })
+    }
+
+    pub(crate) fn validate(&self, model: &LoadedModel) -> Result<()> {
+        let bad = |m: String| Err(EngineError::InvalidRequest(m));
+        match *self {
+            DraftMode::None => Ok(()),
+            DraftMode::Mtp { .. } if model.mtp.is_none() => bad(format!("model `{}` has no MTP head; use prompt lookup", model.id)),
+            DraftMode::Mtp { depth } if !(1..=MAX_MTP_DEPTH).contains(&depth) => {
+                bad(format!("MTP draft depth must be 1 to {MAX_MTP_DEPTH}, not {depth}"))
+            }
+            DraftMode::Lookup { min_ngram, max_ngram, max_draft } => {
+                if min_ngram == 0 || min_ngram > max_ngram {
+                    return bad("prompt lookup needs 1 <= min_ngram <= max_ngram".into());
+                }
+                // Rejected drafts are rolled back; a sliding-window cache keeps this much room.
+                if !(1..=SLIDING_SLACK as usize).contains(&max_draft) {
+                    return bad(format!("prompt lookup max_draft must be 1 to {SLIDING_SLACK}"));
+                }
+                Ok(())
+            }
+            DraftMode::Mtp { .. } => Ok(()),
+        }
     }
 }
 
+/// What speculative decoding did for one request.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct DraftStats {
+    /// `mtp` or `lookup`.
+    pub mode: String,
+    /// Chained MTP steps per round (0 for prompt lookup).
+    pub mtp_depth: usize,
+    /// Forward passes of the main model after the prompt (each verifies one round's drafts).
+    pub verify_calls: usize,
+    /// Drafts proposed at depth i + 1 (the i-th token of a round's draft).
+    pub drafted_by_depth: Vec<usize>,
+    /// Drafts accepted at depth i + 1.
+    pub accepted_by_depth: Vec<usize>,
+    /// Rounds whose drafts were all accepted, so the verify pass added one more token.
+    pub bonus_tokens: usize,
+    /// Accepted / drafted over all depths.
+    pub acceptance_rate: f64,
+}
+
+impl DraftStats {
+    pub(crate) fn record(&mut self, drafted: usize, accepted: usize) {
+        self.verify_calls += 1;
+        for d in 0..drafted {
+            if self.drafted_by_depth.len() <= d {
+                self.drafted_by_depth.push(0);
+                self.accepted_by_depth.push(0);
+            }
+            self.drafted_by_depth[d] += 1;
+            self.accepted_by_depth[d] += usize::from(d < accepted);
+        }
+        if drafted > 0 && accepted == drafted {
+            self.bonus_tokens += 1;
+        }
+        let total: usize = self.drafted_by_depth.iter().sum();
+        self.acceptance_rate = self.accepted_by_depth.iter().sum::<usize>() as f64 / total.max(1) as f64;
+    }
+}
 /// One generation's inputs, as every decoding loop takes them.
 #[derive(Clone, Copy)]
 pub(crate) struct Request<'a> {
@@ -204,7 +230,7 @@ pub(crate) struct Begin {
     pub max_tokens: usize,
     pub start: Instant,
     pub sampler: Sampler,
-    pub caches: Vec<crate::kv_cache::KvCache>,
+    pub caches: Vec<crate::decode::kv_cache::KvCache>,
 }
 
 pub(crate) fn begin(req: &Request<'_>) -> Result<Begin> {
@@ -219,7 +245,7 @@ pub(crate) fn begin(req: &Request<'_>) -> Result<Begin> {
 
 /// Prefill `ids` in chunks, evaluating only the caches (the logits of these positions are
 /// never needed, so MLX never computes them). False if cancelled first.
-pub(crate) fn prefill(model: &LoadedModel, ids: &[u32], chunk: usize, caches: &mut [crate::kv_cache::KvCache], cancel: Option<&AtomicBool>) -> Result<bool> {
+pub(crate) fn prefill(model: &LoadedModel, ids: &[u32], chunk: usize, caches: &mut [KvCache], cancel: Option<&AtomicBool>) -> Result<bool> {
     for chunk in ids.chunks(chunk.max(1)) {
         if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
             return Ok(false);
@@ -494,3 +520,4 @@ mod tests {
         assert_eq!(feed(&["é!"], &["caf", "é", "?"]), ("café?".into(), false));
     }
 }
+

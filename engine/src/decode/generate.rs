@@ -1,0 +1,92 @@
+//! The generation loop: chunked prefill, then decode with the next step queued (async_eval)
+//! while the host reads the current token, the way mlx-lm pipelines it.
+
+use std::sync::atomic::AtomicBool;
+
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::transforms::async_eval;
+use mlx_rs::Array;
+
+use super::common::{begin, cancelled_early, host_u32, prefill, token_array, Begin, DraftMode, GenerateParams, Generation, Output, Request, TokenLogprob};
+use super::kv_cache::KvCache;
+use crate::error::Result;
+use crate::model::LoadedModel;
+
+/// Plain decoding, with the next step queued (async_eval) while the host reads the current
+/// token.
+fn generate_plain(req: Request<'_>, on_piece: &mut dyn FnMut(&str, &[TokenLogprob])) -> Result<Generation> {
+    let Begin { max_tokens, start, mut sampler, mut caches } = begin(&req)?;
+    let Request { model, prompt, params, cancel } = req;
+
+    let last = prompt[prompt.len() - 1];
+    if !prefill(model, &prompt[..prompt.len() - 1], params.prefill_chunk, &mut caches, cancel)? {
+        return Ok(cancelled_early(prompt.len(), start));
+    }
+
+    let mut step = |input: &Array, caches: &mut [KvCache]| -> Result<Array> {
+        let logits = model.forward(input, caches)?;
+        let last = logits.index((.., -1, ..));
+        sampler.sample(&last)
+    };
+
+    let mut y = step(&token_array(&[last]), &mut caches)?;
+    async_eval([&y])?;
+
+    let mut out = Output::new(model, params, max_tokens, cancel, on_piece);
+    // The step queued behind the token being read; drained before returning so no MLX work
+    // is left running when the caller (or the process) moves on.
+    let mut queued: Option<Array> = None;
+    for n in 0..max_tokens {
+        // Queue step n+1 before the host waits on token n.
+        if n + 1 < max_tokens {
+            let next = step(&y.reshape(&[1, 1])?, &mut caches)?;
+            async_eval([&next])?;
+            queued = Some(next);
+        }
+        if !out.push(host_u32(&y)?)? {
+            break;
+        }
+        match queued.take() {
+            Some(next) => y = next,
+            None => break,
+        }
+    }
+    if let Some(pending) = queued.take() {
+        pending.eval()?;
+    }
+    out.finish(prompt.len(), start, None)
+}
+
+/// Generate from `prompt` token ids. `on_text` receives each new piece of text as soon as it
+/// is known to be final (whole UTF-8, not part of a possible stop string). Setting `cancel`
+/// ends the generation within one step.
+pub fn generate(
+    model: &LoadedModel,
+    prompt: &[u32],
+    params: &GenerateParams,
+    cancel: Option<&AtomicBool>,
+    mut on_text: impl FnMut(&str),
+) -> Result<Generation> {
+    generate_streaming(model, prompt, params, cancel, |t, _| on_text(t))
+}
+
+/// `generate`, with each piece's tokens' logprobs (when asked for) passed along.
+///
+/// Dispatch: logprobs and JSON mode need the host to see every step (`guided`); otherwise
+/// speculative decoding when a draft source is set, else plain pipelined decoding.
+pub fn generate_streaming(
+    model: &LoadedModel,
+    prompt: &[u32],
+    params: &GenerateParams,
+    cancel: Option<&AtomicBool>,
+    mut on_piece: impl FnMut(&str, &[TokenLogprob]),
+) -> Result<Generation> {
+    let req = Request { model, prompt, params, cancel };
+    if params.logprobs.is_some() || params.json_mode {
+        return super::guided::generate(req, &mut on_piece);
+    }
+    match params.draft {
+        DraftMode::None => generate_plain(req, &mut on_piece),
+        _ => super::speculative::generate(req, &mut on_piece),
+    }
+}
