@@ -490,6 +490,9 @@ async function loadSettings() {
     defaults = c.settings;
     $("#config-path").textContent = c.path;
     fill(c.settings);
+    // The engine never sends the key back; it says whether one is set.
+    $('#settings-form [name="api_key"]').placeholder = c.api_key_set ? "set (type a new one to replace it)" : "none";
+    $("#clear-key").checked = false;
     $("#settings-error").textContent = c.error ? c.error.message : "";
   } catch (e) {
     $("#settings-error").textContent = e.status === 404 ? "Settings are edited in the desktop app, or with `perch serve --config FILE`." : explain(e);
@@ -504,7 +507,10 @@ $("#settings-form").addEventListener("submit", async (ev) => {
   for (const el of $("#settings-form").elements) el.classList.remove("invalid");
   progress.textContent = "Saving…";
   try {
-    const r = await api("/api/config", { method: "PUT", body: read() });
+    const body = read();
+    // An empty key field keeps the key; removing it is said explicitly.
+    if ($("#clear-key").checked) body.api_key = null;
+    const r = await api("/api/config", { method: "PUT", body });
     progress.textContent = r.restarted ? "Saved. The engine restarted with the new settings." : "Saved. Applied without a restart.";
     // A new port: this page's origin is gone; follow the engine.
     if (r.status && r.status.url && r.status.url !== location.origin) {

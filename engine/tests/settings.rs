@@ -304,3 +304,56 @@ async fn the_context_length_setting_caps_every_request() {
     assert!(used <= 64, "{r}");
     sup.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_key_is_never_dropped_shown_or_cleared_by_omission() {
+    let s = setup();
+    let with_key = |extra: &str| settings_text(&s.models, &format!("api_key = \"sekrit\"\n{extra}"));
+    let authed = |m: reqwest::Method, url: String| reqwest::Client::new().request(m, url).bearer_auth("sekrit");
+
+    // A file that fails its checks at start (its default model was deleted) once fell back to
+    // the defaults, which have no key: the control API answered anyone.
+    std::fs::write(&s.config, with_key("").replace("default_model = \"chat\"", "default_model = \"deleted\"")).unwrap();
+    let sup = Supervisor::start(&s.config, None).await.unwrap();
+    assert_eq!(sup.status().phase, Phase::Failed);
+    let url = sup.url();
+    assert_eq!(get(&format!("{url}/api/status")).await.0, 401, "served without the file's key");
+    assert_eq!(authed(reqwest::Method::GET, format!("{url}/api/status")).send().await.unwrap().status(), 200);
+    sup.shutdown().await;
+
+    // Running with a key: GET shows whether one is set, never the key itself.
+    std::fs::write(&s.config, with_key("draft = \"none\"")).unwrap();
+    let sup = Supervisor::start(&s.config, None).await.unwrap();
+    wait_for(&sup, "the engine to run", |st| st.phase == Phase::Running).await;
+    let url = sup.url();
+    let cfg: Value = authed(reqwest::Method::GET, format!("{url}/api/config")).send().await.unwrap().json().await.unwrap();
+    assert_eq!((&cfg["api_key_set"], &cfg["settings"]["api_key"]), (&json!(true), &json!("")), "{cfg}");
+    assert!(!cfg.to_string().contains("sekrit"), "{cfg}");
+
+    // A body naming one field changes that field; the key, models directory and the rest stay.
+    // (An empty key is what the settings page sends when its password field is left empty.)
+    for body in [json!({"draft": "lookup"}), json!({"draft": "lookup", "api_key": ""})] {
+        let r = authed(reqwest::Method::PUT, format!("{url}/api/config")).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+        let file = perch_engine::config::Settings::load(&s.config).unwrap();
+        assert_eq!((file.api_key.as_str(), file.draft.as_str(), file.models_dir.as_str()), ("sekrit", "lookup", s.models.to_str().unwrap()));
+        assert_eq!(file.default_model, "chat");
+    }
+    wait_for(&sup, "the restart", |st| st.phase == Phase::Running).await;
+    assert_eq!(get(&format!("{}/api/config", sup.url())).await.0, 401, "still guarded after the change");
+    // A typo is still refused by name, and the file is left alone.
+    let before = std::fs::read(&s.config).unwrap();
+    let r = authed(reqwest::Method::PUT, format!("{}/api/config", sup.url())).json(&json!({"drfat": "none"})).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    assert_eq!(std::fs::read(&s.config).unwrap(), before);
+    sup.shutdown().await;
+}
+
+#[test]
+fn an_empty_settings_file_is_an_error_not_the_defaults() {
+    // What a write cut short by a power loss leaves; the defaults would drop the key.
+    for text in ["", "\n  \n"] {
+        let e = perch_engine::config::Settings::parse(text, Path::new("perch.toml")).unwrap_err();
+        assert!(e.to_string().contains("empty"), "{e}");
+    }
+}

@@ -15,6 +15,7 @@ use super::Supervisor;
 use crate::config::{ConfigError, Settings};
 use crate::download::DownloadError;
 use crate::server::error::ApiError;
+use crate::sync::LockExt;
 
 type S = State<Weak<Supervisor>>;
 
@@ -63,8 +64,8 @@ async fn status(State(sup): S) -> Reply {
     if let Some(app) = sup.app() {
         v["model"] = json!(app.engine.loaded().map(|m| m.id));
         v["foreground"] = serde_json::to_value(app.engine.foreground.snapshot()).unwrap_or_default();
-        v["last_request"] = app.last_request.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_default();
-        v["memory_bytes"] = json!(crate::server::active_memory_bytes());
+        v["last_request"] = app.last_request.locked().clone().unwrap_or_default();
+        v["memory_bytes"] = json!(crate::platform::active_memory_bytes());
     }
     v["default_model"] = json!(sup.settings().map(|s| s.default_model));
     Ok(Json(v).into_response())
@@ -79,9 +80,13 @@ async fn get_config(State(sup): S) -> Reply {
         (Err(_), Some(applied)) => applied,
         (Err(_), None) => Settings::default(),
     };
+    // The key never leaves the file: the page learns whether one is set.
+    let api_key_set = !shown.api_key.is_empty();
+    let shown = Settings { api_key: String::new(), ..shown };
     Ok(Json(json!({
         "path": sup.config_path(),
         "settings": shown,
+        "api_key_set": api_key_set,
         "defaults": Settings::default(),
         "error": file.as_ref().err().map(|e| json!({"message": e.to_string(), "field": e.field()})),
     }))
@@ -90,8 +95,14 @@ async fn get_config(State(sup): S) -> Reply {
 
 async fn put_config(State(sup): S, bytes: Bytes) -> Reply {
     let sup = live(sup)?;
-    let settings: Settings = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", format!("Invalid settings: {e}")).code("invalid_setting"))?;
+    let patch: Value = body(&bytes)?;
+    let Value::Object(patch) = patch else {
+        return Err(ApiError::invalid("body", "the body must be a JSON object of settings").code("invalid_setting"));
+    };
+    // Laid over the file as it is (or, when a hand edit broke it, what runs): a body naming
+    // one field changes that field, never the others, and never the key by leaving it out.
+    let current = Settings::load(sup.config_path()).ok().or_else(|| sup.settings()).unwrap_or_default();
+    let settings = current.patched(patch).map_err(|e| config_error(&e))?;
     let restarted = sup.save(settings).await.map_err(|e| config_error(&e))?;
     Ok(Json(json!({"restarted": restarted, "status": sup.status()})).into_response())
 }
