@@ -259,7 +259,7 @@ impl Settings {
         if !(self.sampling.top_p > 0.0 && self.sampling.top_p <= 1.0) {
             return Err(invalid("sampling.top_p", format!("must be in (0, 1], not {}", self.sampling.top_p)));
         }
-        if !self.hub_endpoint.is_empty() && !(self.hub_endpoint.starts_with("http://") || self.hub_endpoint.starts_with("https://")) {
+        if !self.hub_endpoint.is_empty() && !self.hub_endpoint.starts_with("http://") && !self.hub_endpoint.starts_with("https://") {
             return Err(invalid("hub_endpoint", format!("must be an http(s) URL, not `{}`", self.hub_endpoint)));
         }
         let models_dir = self.models_dir();

@@ -88,7 +88,7 @@ impl RungWork for WorkerWork {
             let end = (start + len).min(s.tokens.len());
             let logits = model.forward(&token_array(&s.tokens[start..end]), &mut s.caches)?;
             if end == s.tokens.len() {
-                let y = argmax_axis(&logits.index((.., -1, ..)), -1, None)?;
+                let y = argmax_axis(logits.index((.., -1, ..)), -1, None)?;
                 eval([&y])?;
                 s.last = Some(y.try_item_cast::<u32>().map_err(|e| EngineError::Internal(e.to_string()))?);
             } else {
@@ -104,7 +104,7 @@ impl RungWork for WorkerWork {
             let s = w.scratch.as_mut().filter(|s| s.model == id).ok_or_else(|| EngineError::Internal("no rung in progress".into()))?;
             let last = s.last.ok_or_else(|| EngineError::Internal("decode before prefill".into()))?;
             let logits = model.forward(&token_array(&[last]), &mut s.caches)?;
-            let y = argmax_axis(&logits.index((.., -1, ..)), -1, None)?;
+            let y = argmax_axis(logits.index((.., -1, ..)), -1, None)?;
             eval([&y])?;
             s.last = Some(y.try_item_cast::<u32>().map_err(|e| EngineError::Internal(e.to_string()))?);
             Ok(())
