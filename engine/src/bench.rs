@@ -3,8 +3,8 @@
 
 use serde::Serialize;
 
-use crate::error::Result;
 use crate::decode::{generate, DraftMode, DraftStats, GenerateParams};
+use crate::error::Result;
 use crate::model::LoadedModel;
 use crate::platform::peak_rss_bytes;
 pub use crate::runtime::warmup::{prompt_of_length, PASSAGE};
@@ -81,9 +81,16 @@ pub struct DraftBenchReport {
 
 /// Greedy decoding of `decode_tokens` after `prompt`, with and without `draft`, `runs` times
 /// each (alternating, after one untimed warm-up of each).
-pub fn run_draft(model: &LoadedModel, prompt: &[u32], draft: DraftMode, runs: usize, decode_tokens: usize) -> Result<DraftBenchReport> {
+pub fn run_draft(
+    model: &LoadedModel,
+    prompt: &[u32],
+    draft: DraftMode,
+    runs: usize,
+    decode_tokens: usize,
+) -> Result<DraftBenchReport> {
     let runs = runs.max(1);
-    let plain = GenerateParams { max_tokens: decode_tokens, ignore_eos: true, ..Default::default() };
+    let plain =
+        GenerateParams { max_tokens: decode_tokens, ignore_eos: true, ..Default::default() };
     let drafted = GenerateParams { draft: draft.clone(), ..plain.clone() };
     generate(model, prompt, &GenerateParams { max_tokens: 8, ..plain.clone() }, None, |_| {})?;
     generate(model, prompt, &GenerateParams { max_tokens: 8, ..drafted.clone() }, None, |_| {})?;
@@ -156,13 +163,26 @@ pub struct FirstRequestReport {
     pub ladder_seconds: f64,
 }
 
-pub async fn first_request(config: crate::runtime::EngineConfig, prompt_tokens: usize, max_tokens: usize) -> Result<FirstRequestReport> {
+pub async fn first_request(
+    config: crate::runtime::EngineConfig,
+    prompt_tokens: usize,
+    max_tokens: usize,
+) -> Result<FirstRequestReport> {
     use crate::runtime::{Engine, LadderConfig, LadderState};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
-    let params = GenerateParams { max_tokens, ignore_eos: true, draft: DraftMode::None, ..Default::default() };
+    let params = GenerateParams {
+        max_tokens,
+        ignore_eos: true,
+        draft: DraftMode::None,
+        ..Default::default()
+    };
     let start = |ladder: LadderConfig| -> Result<Arc<Engine>> {
-        let engine = Arc::new(Engine::start(crate::runtime::EngineConfig { ladder, draft: "none".into(), ..config.clone() })?);
+        let engine = Arc::new(Engine::start(crate::runtime::EngineConfig {
+            ladder,
+            draft: "none".into(),
+            ..config.clone()
+        })?);
         engine.start_background();
         Ok(engine)
     };
@@ -180,7 +200,9 @@ pub async fn first_request(config: crate::runtime::EngineConfig, prompt_tokens: 
         ladder_seconds: 0.0,
     };
     for ladder_on in [false, true] {
-        let engine = tokio::task::block_in_place(|| start(if ladder_on { on_cfg.clone() } else { off_cfg.clone() }))?;
+        let engine = tokio::task::block_in_place(|| {
+            start(if ladder_on { on_cfg.clone() } else { off_cfg.clone() })
+        })?;
         let info = engine.loaded().expect("a model is loaded");
         report.model = info.id.clone();
         let unit = info.tokenizer.encode(PASSAGE, false)?;
@@ -192,7 +214,10 @@ pub async fn first_request(config: crate::runtime::EngineConfig, prompt_tokens: 
             report.ttft_ladder_on_s = ttft.as_secs_f64();
             loop {
                 let st = engine.ladder_status();
-                if matches!(st.state, LadderState::Done | LadderState::AbandonedBusy | LadderState::Disabled) {
+                if matches!(
+                    st.state,
+                    LadderState::Done | LadderState::AbandonedBusy | LadderState::Disabled
+                ) {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -201,27 +226,44 @@ pub async fn first_request(config: crate::runtime::EngineConfig, prompt_tokens: 
             // One chunk: a prefill of one chunk's tokens from an empty cache on the warm engine
             // (chunks deep in a long rung attend to more keys and take somewhat longer).
             let chunk_prompt: Vec<u32> = unit.iter().copied().cycle().take(on_cfg.chunk).collect();
-            let (g, _) = engine.user_request(&info.id, chunk_prompt, GenerateParams { max_tokens: 1, ..params.clone() }).await?;
+            let (g, _) = engine
+                .user_request(
+                    &info.id,
+                    chunk_prompt,
+                    GenerateParams { max_tokens: 1, ..params.clone() },
+                )
+                .await?;
             report.warming_chunk_s = g.ttft.as_secs_f64();
-            report.decode_warm_tok_s = first_three_decode_rate(&engine, &info.id, &prompt, &params).await?;
+            report.decode_warm_tok_s =
+                first_three_decode_rate(&engine, &info.id, &prompt, &params).await?;
         } else {
             report.ttft_ladder_off_s = ttft.as_secs_f64();
             // A separate cold engine for the cold decode figure (the first request above
             // already warmed this one a little).
             let cold = tokio::task::block_in_place(|| start(off_cfg.clone()))?;
-            report.decode_cold_tok_s = first_three_decode_rate(&cold, &info.id, &prompt, &params).await?;
+            report.decode_cold_tok_s =
+                first_three_decode_rate(&cold, &info.id, &prompt, &params).await?;
         }
     }
     Ok(report)
 }
 
 /// Mean decode tok/s of three 32-token requests (prompts differing in their last token).
-async fn first_three_decode_rate(engine: &std::sync::Arc<crate::runtime::Engine>, id: &str, prompt: &[u32], params: &GenerateParams) -> Result<f64> {
+async fn first_three_decode_rate(
+    engine: &std::sync::Arc<crate::runtime::Engine>,
+    id: &str,
+    prompt: &[u32],
+    params: &GenerateParams,
+) -> Result<f64> {
     let mut sum = 0.0;
     for i in 0..3u32 {
         let mut p = prompt.to_vec();
         p.push(prompt[i as usize % prompt.len()]);
-        sum += engine.user_request(id, p, GenerateParams { max_tokens: 32, ..params.clone() }).await?.0.decode_tokens_per_sec();
+        sum += engine
+            .user_request(id, p, GenerateParams { max_tokens: 32, ..params.clone() })
+            .await?
+            .0
+            .decode_tokens_per_sec();
     }
     Ok(sum / 3.0)
 }
@@ -230,7 +272,6 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
-
 
 impl BenchReport {
     pub fn table(&self) -> String {

@@ -51,7 +51,14 @@ fn read_config(dir: &Path) -> Option<Value> {
 
 /// Bytes of the files in `dir` (symlinks followed: cache snapshots link into `blobs/`).
 fn dir_size(dir: &Path) -> u64 {
-    std::fs::read_dir(dir).map(|it| it.filter_map(|e| std::fs::metadata(e.ok()?.path()).ok()).filter(|m| m.is_file()).map(|m| m.len()).sum()).unwrap_or(0)
+    std::fs::read_dir(dir)
+        .map(|it| {
+            it.filter_map(|e| std::fs::metadata(e.ok()?.path()).ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
 }
 
 fn describe(id: String, dir: &Path, source: Source, cfg: &Value) -> CatalogModel {
@@ -74,8 +81,12 @@ fn describe(id: String, dir: &Path, source: Source, cfg: &Value) -> CatalogModel
 /// and a tokenizer.
 fn loadable(dir: &Path, cfg: &Value) -> bool {
     let arch = cfg.get("model_type").and_then(Value::as_str).unwrap_or("");
-    let files: Vec<String> = std::fs::read_dir(dir).map(|it| it.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect()).unwrap_or_default();
-    crate::model::SUPPORTED_ARCHITECTURES.split(", ").any(|a| a == arch) && files.iter().any(|f| f.ends_with(".safetensors")) && files.iter().any(|f| f == "tokenizer.json")
+    let files: Vec<String> = std::fs::read_dir(dir)
+        .map(|it| it.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
+        .unwrap_or_default();
+    crate::model::SUPPORTED_ARCHITECTURES.split(", ").any(|a| a == arch)
+        && files.iter().any(|f| f.ends_with(".safetensors"))
+        && files.iter().any(|f| f == "tokenizer.json")
 }
 
 impl Catalog {
@@ -87,7 +98,12 @@ impl Catalog {
             .filter_map(|e| {
                 let dir = e.path();
                 let cfg = read_config(&dir)?;
-                Some(describe(e.file_name().to_string_lossy().into_owned(), &dir, Source::Installed, &cfg))
+                Some(describe(
+                    e.file_name().to_string_lossy().into_owned(),
+                    &dir,
+                    Source::Installed,
+                    &cfg,
+                ))
             })
             .collect();
         out.sort_by(|a, b| a.id.cmp(&b.id));
@@ -163,7 +179,11 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let models = root.path().join("models");
         std::fs::create_dir_all(models.join("mine")).unwrap();
-        std::fs::write(models.join("mine/config.json"), r#"{"model_type":"qwen3","quantization":{"bits":4}}"#).unwrap();
+        std::fs::write(
+            models.join("mine/config.json"),
+            r#"{"model_type":"qwen3","quantization":{"bits":4}}"#,
+        )
+        .unwrap();
         let cache = root.path().join("hub");
         let repo = cache.join("models--mlx-community--Tiny-4bit");
         let snap = repo.join("snapshots/abc123");
@@ -186,9 +206,18 @@ mod tests {
 
         let c = Catalog { models_dir: models.clone(), hf_cache: Some(cache) };
         let ids: Vec<_> = c.list().into_iter().map(|m| (m.id, m.source, m.format)).collect();
-        assert_eq!(ids, vec![("mine".into(), Source::Installed, "mlx 4-bit".into()), ("mlx-community/Tiny-4bit".into(), Source::HfCache, "mlx f32".into())]);
+        assert_eq!(
+            ids,
+            vec![
+                ("mine".into(), Source::Installed, "mlx 4-bit".into()),
+                ("mlx-community/Tiny-4bit".into(), Source::HfCache, "mlx f32".into())
+            ]
+        );
         assert_eq!(c.resolve("mlx-community/Tiny-4bit"), Some(snap));
-        assert!(c.hf_cached()[0].size_bytes >= 1000, "sizes follow the snapshot's links into blobs/");
+        assert!(
+            c.hf_cached()[0].size_bytes >= 1000,
+            "sizes follow the snapshot's links into blobs/"
+        );
         assert_eq!(c.resolve("mine"), Some(models.join("mine")));
         for bad in ["x/bert", "../models/mine", "", ".hidden", "/etc"] {
             assert_eq!(c.resolve(bad), None, "{bad}");

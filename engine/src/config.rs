@@ -125,9 +125,15 @@ impl Settings {
         // An empty file is what a write cut short by a power loss leaves behind; taking it
         // for the defaults would drop every setting, the API key among them.
         if text.trim().is_empty() {
-            return Err(ConfigError::Syntax { path: path.display().to_string(), message: "the file is empty; Perch does not assume the defaults".into() });
+            return Err(ConfigError::Syntax {
+                path: path.display().to_string(),
+                message: "the file is empty; Perch does not assume the defaults".into(),
+            });
         }
-        let s: Settings = toml::from_str(text).map_err(|e| ConfigError::Syntax { path: path.display().to_string(), message: e.to_string() })?;
+        let s: Settings = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
         s.validate()?;
         Ok(s)
     }
@@ -148,7 +154,10 @@ impl Settings {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(err)?;
         }
-        let text = format!("# Perch settings. Edit here or in the settings window; changes apply on save.\n{}", toml::to_string_pretty(self).expect("settings serialize"));
+        let text = format!(
+            "# Perch settings. Edit here or in the settings window; changes apply on save.\n{}",
+            toml::to_string_pretty(self).expect("settings serialize")
+        );
         let tmp = path.with_extension("toml.tmp");
         let write = || -> std::io::Result<()> {
             use std::io::Write;
@@ -175,7 +184,10 @@ impl Settings {
     /// the patch leaves out keep their values. The API key changes only when the patch names
     /// it with a value: `""` (what a form with an empty password field sends) keeps it, and
     /// `null` removes it.
-    pub fn patched(&self, patch: serde_json::Map<String, serde_json::Value>) -> Result<Settings, ConfigError> {
+    pub fn patched(
+        &self,
+        patch: serde_json::Map<String, serde_json::Value>,
+    ) -> Result<Settings, ConfigError> {
         use serde_json::Value;
         let mut v = serde_json::to_value(self).map_err(|e| invalid("body", e.to_string()))?;
         for (k, val) in patch {
@@ -190,7 +202,10 @@ impl Settings {
                 (_, val) => v[&k] = val,
             }
         }
-        let s: Settings = serde_json::from_value(v).map_err(|e| ConfigError::Syntax { path: "the request body".into(), message: e.to_string() })?;
+        let s: Settings = serde_json::from_value(v).map_err(|e| ConfigError::Syntax {
+            path: "the request body".into(),
+            message: e.to_string(),
+        })?;
         s.validate()?;
         Ok(s)
     }
@@ -206,7 +221,11 @@ impl Settings {
         };
         let d = Settings::default();
         Settings {
-            port: table.get("port").and_then(|p| p.as_integer()).and_then(|p| u16::try_from(p).ok()).unwrap_or(d.port),
+            port: table
+                .get("port")
+                .and_then(|p| p.as_integer())
+                .and_then(|p| u16::try_from(p).ok())
+                .unwrap_or(d.port),
             api_key: match table.get("api_key") {
                 None => String::new(),
                 Some(toml::Value::String(k)) => k.clone(),
@@ -223,30 +242,64 @@ impl Settings {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         if LadderConfig::profile(&self.warmup_profile).is_none() {
-            return Err(invalid("warmup_profile", format!("must be default, turbo or off, not `{}`", self.warmup_profile)));
+            return Err(invalid(
+                "warmup_profile",
+                format!("must be default, turbo or off, not `{}`", self.warmup_profile),
+            ));
         }
         if !(self.idle_grace_s.is_finite() && (0.0..=86_400.0).contains(&self.idle_grace_s)) {
-            return Err(invalid("idle_grace_s", format!("must be 0 to 86400 seconds, not {}", self.idle_grace_s)));
+            return Err(invalid(
+                "idle_grace_s",
+                format!("must be 0 to 86400 seconds, not {}", self.idle_grace_s),
+            ));
         }
         let draft_ok = matches!(self.draft.as_str(), "auto" | "none" | "lookup" | "mtp")
-            || self.draft.strip_prefix("mtp:").and_then(|d| d.parse::<usize>().ok()).is_some_and(|d| (1..=crate::decode::common::MAX_MTP_DEPTH).contains(&d));
+            || self
+                .draft
+                .strip_prefix("mtp:")
+                .and_then(|d| d.parse::<usize>().ok())
+                .is_some_and(|d| (1..=crate::decode::common::MAX_MTP_DEPTH).contains(&d));
         if !draft_ok {
-            return Err(invalid("draft", format!("must be auto, none, lookup, mtp or mtp:1..{}, not `{}`", crate::decode::common::MAX_MTP_DEPTH, self.draft)));
+            return Err(invalid(
+                "draft",
+                format!(
+                    "must be auto, none, lookup, mtp or mtp:1..{}, not `{}`",
+                    crate::decode::common::MAX_MTP_DEPTH,
+                    self.draft
+                ),
+            ));
         }
         if self.keep_alive_s < -1 {
-            return Err(invalid("keep_alive_s", format!("must be -1 (forever), 0 (unload when idle) or seconds, not {}", self.keep_alive_s)));
+            return Err(invalid(
+                "keep_alive_s",
+                format!(
+                    "must be -1 (forever), 0 (unload when idle) or seconds, not {}",
+                    self.keep_alive_s
+                ),
+            ));
         }
         if self.context_length != 0 && self.context_length < 64 {
-            return Err(invalid("context_length", format!("must be 0 (the model's own) or at least 64 tokens, not {}", self.context_length)));
+            return Err(invalid(
+                "context_length",
+                format!(
+                    "must be 0 (the model's own) or at least 64 tokens, not {}",
+                    self.context_length
+                ),
+            ));
         }
         if self.port != 0 && self.port < 1024 {
-            return Err(invalid("port", format!("must be 1024 to 65535 (or 0 for any free port), not {}", self.port)));
+            return Err(invalid(
+                "port",
+                format!("must be 1024 to 65535 (or 0 for any free port), not {}", self.port),
+            ));
         }
         if self.api_key.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return Err(invalid("api_key", "must not contain spaces or control characters"));
         }
         for o in &self.allowed_origins {
-            let ok = (o.starts_with("http://") || o.starts_with("https://")) && !o.ends_with('/') && o.split("://").nth(1).is_some_and(|h| !h.is_empty() && !h.contains('/'));
+            let ok = (o.starts_with("http://") || o.starts_with("https://"))
+                && !o.ends_with('/')
+                && o.split("://").nth(1).is_some_and(|h| !h.is_empty() && !h.contains('/'));
             if !ok {
                 return Err(invalid("allowed_origins", format!("`{o}` is not an origin like http://localhost:3000 (scheme://host[:port], no path)")));
             }
@@ -257,20 +310,39 @@ impl Settings {
             }
         }
         if !(self.sampling.top_p > 0.0 && self.sampling.top_p <= 1.0) {
-            return Err(invalid("sampling.top_p", format!("must be in (0, 1], not {}", self.sampling.top_p)));
+            return Err(invalid(
+                "sampling.top_p",
+                format!("must be in (0, 1], not {}", self.sampling.top_p),
+            ));
         }
-        if !self.hub_endpoint.is_empty() && !self.hub_endpoint.starts_with("http://") && !self.hub_endpoint.starts_with("https://") {
-            return Err(invalid("hub_endpoint", format!("must be an http(s) URL, not `{}`", self.hub_endpoint)));
+        if !self.hub_endpoint.is_empty()
+            && !self.hub_endpoint.starts_with("http://")
+            && !self.hub_endpoint.starts_with("https://")
+        {
+            return Err(invalid(
+                "hub_endpoint",
+                format!("must be an http(s) URL, not `{}`", self.hub_endpoint),
+            ));
         }
         let models_dir = self.models_dir();
         if models_dir.exists() && !models_dir.is_dir() {
-            return Err(invalid("models_dir", format!("{} is not a directory", models_dir.display())));
+            return Err(invalid(
+                "models_dir",
+                format!("{} is not a directory", models_dir.display()),
+            ));
         }
         if self.default_model.is_empty() {
             return Err(invalid("default_model", "must name an installed model"));
         }
         if self.catalog().resolve(&self.default_model).is_none() {
-            return Err(invalid("default_model", format!("`{}` is not installed in {} (see the models page)", self.default_model, models_dir.display())));
+            return Err(invalid(
+                "default_model",
+                format!(
+                    "`{}` is not installed in {} (see the models page)",
+                    self.default_model,
+                    models_dir.display()
+                ),
+            ));
         }
         Ok(())
     }
@@ -284,20 +356,33 @@ impl Settings {
     }
 
     pub fn catalog(&self) -> Catalog {
-        Catalog { models_dir: self.models_dir(), hf_cache: if self.scan_hf_cache { crate::catalog::hf_cache_dir() } else { None } }
+        Catalog {
+            models_dir: self.models_dir(),
+            hf_cache: if self.scan_hf_cache { crate::catalog::hf_cache_dir() } else { None },
+        }
     }
 
     pub fn hub_endpoint(&self) -> String {
         if !self.hub_endpoint.is_empty() {
             return self.hub_endpoint.trim_end_matches('/').to_string();
         }
-        std::env::var("HF_ENDPOINT").ok().filter(|e| !e.is_empty()).unwrap_or_else(|| "https://huggingface.co".into()).trim_end_matches('/').to_string()
+        std::env::var("HF_ENDPOINT")
+            .ok()
+            .filter(|e| !e.is_empty())
+            .unwrap_or_else(|| "https://huggingface.co".into())
+            .trim_end_matches('/')
+            .to_string()
     }
 
     /// Whether going from `self` to `new` needs the engine restarted; the rest (sampling
     /// defaults, the default model, launch at login) applies live.
     pub fn needs_restart(&self, new: &Settings) -> bool {
-        let live = |s: &Settings| Settings { sampling: SamplingDefaults::default(), default_model: String::new(), launch_at_login: false, ..s.clone() };
+        let live = |s: &Settings| Settings {
+            sampling: SamplingDefaults::default(),
+            default_model: String::new(),
+            launch_at_login: false,
+            ..s.clone()
+        };
         live(self) != live(new)
     }
 
@@ -327,7 +412,11 @@ fn random_key() -> String {
         use std::hash::{BuildHasher, Hasher};
         for chunk in b.chunks_mut(8) {
             let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+            h.write_u128(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos()),
+            );
             chunk.copy_from_slice(&h.finish().to_le_bytes());
         }
     }
@@ -342,7 +431,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("m")).unwrap();
         std::fs::write(dir.path().join("m/config.json"), r#"{"model_type":"llama"}"#).unwrap();
-        let s = Settings { models_dir: dir.path().display().to_string(), default_model: "m".into(), scan_hf_cache: false, ..Settings::default() };
+        let s = Settings {
+            models_dir: dir.path().display().to_string(),
+            default_model: "m".into(),
+            scan_hf_cache: false,
+            ..Settings::default()
+        };
         (dir, s)
     }
 

@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::sync::LockExt;
 use futures_util::StreamExt;
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
-use crate::sync::LockExt;
 
 /// Attempts per file before a download is marked failed (its parts stay for a resume).
 const ATTEMPTS: u32 = 6;
@@ -106,12 +106,21 @@ pub struct Downloads {
 /// Which repo files a model needs.
 fn wanted(name: &str) -> bool {
     !name.contains('/')
-        && (name.ends_with(".safetensors") || name.ends_with(".json") || name.ends_with(".jinja") || matches!(name, "tokenizer.model" | "merges.txt" | "vocab.txt"))
+        && (name.ends_with(".safetensors")
+            || name.ends_with(".json")
+            || name.ends_with(".jinja")
+            || matches!(name, "tokenizer.model" | "merges.txt" | "vocab.txt"))
 }
 
 fn valid_repo(repo: &str) -> bool {
     let parts: Vec<&str> = repo.split('/').collect();
-    parts.len() == 2 && parts.iter().all(|p| !p.is_empty() && !p.starts_with('.') && p.len() <= 96 && p.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)))
+    parts.len() == 2
+        && parts.iter().all(|p| {
+            !p.is_empty()
+                && !p.starts_with('.')
+                && p.len() <= 96
+                && p.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        })
 }
 
 impl Downloads {
@@ -145,7 +154,13 @@ impl Downloads {
 
     /// Start downloading `repo` (at `revision`, default `main`) from `endpoint` into
     /// `models_dir`, as the model id `repo`'s name part.
-    pub fn start(self: &Arc<Self>, repo: &str, revision: Option<&str>, endpoint: &str, models_dir: &Path) -> Result<JobView, DownloadError> {
+    pub fn start(
+        self: &Arc<Self>,
+        repo: &str,
+        revision: Option<&str>,
+        endpoint: &str,
+        models_dir: &Path,
+    ) -> Result<JobView, DownloadError> {
         if !valid_repo(repo) {
             return Err(DownloadError::BadRepo(repo.to_string()));
         }
@@ -176,10 +191,15 @@ impl Downloads {
             job
         };
         let view = job.view();
-        let (client, endpoint, models_dir) = (self.client.clone(), endpoint.trim_end_matches('/').to_string(), models_dir.to_path_buf());
+        let (client, endpoint, models_dir) = (
+            self.client.clone(),
+            endpoint.trim_end_matches('/').to_string(),
+            models_dir.to_path_buf(),
+        );
         tokio::spawn(async move {
             let staging = models_dir.join(".downloads").join(job.repo.replace('/', "--"));
-            let result = fetch_repo(&client, &endpoint, &job, &revision, &staging, &models_dir).await;
+            let result =
+                fetch_repo(&client, &endpoint, &job, &revision, &staging, &models_dir).await;
             match result {
                 Ok(()) => job.set(State::Done, None),
                 Err(DownloadError::Cancelled) => {
@@ -211,7 +231,14 @@ struct Sibling {
     size: Option<u64>,
 }
 
-async fn fetch_repo(client: &reqwest::Client, endpoint: &str, job: &Job, revision: &str, staging: &Path, models_dir: &Path) -> Result<(), DownloadError> {
+async fn fetch_repo(
+    client: &reqwest::Client,
+    endpoint: &str,
+    job: &Job,
+    revision: &str,
+    staging: &Path,
+    models_dir: &Path,
+) -> Result<(), DownloadError> {
     let http = |e: reqwest::Error| DownloadError::Http(format!("cannot reach {endpoint}: {e}"));
     let url = format!("{endpoint}/api/models/{}/revision/{revision}?blobs=true", job.repo);
     let resp = client.get(&url).send().await.map_err(http)?;
@@ -221,9 +248,14 @@ async fn fetch_repo(client: &reqwest::Client, endpoint: &str, job: &Job, revisio
     if !resp.status().is_success() {
         return Err(DownloadError::Http(format!("{url}: HTTP {}", resp.status())));
     }
-    let info: RepoInfo = resp.json().await.map_err(|e| DownloadError::Http(format!("{url}: not a repository listing: {e}")))?;
+    let info: RepoInfo = resp
+        .json()
+        .await
+        .map_err(|e| DownloadError::Http(format!("{url}: not a repository listing: {e}")))?;
     let files: Vec<&Sibling> = info.siblings.iter().filter(|s| wanted(&s.rfilename)).collect();
-    if !files.iter().any(|f| f.rfilename == "config.json") || !files.iter().any(|f| f.rfilename.ends_with(".safetensors")) {
+    if !files.iter().any(|f| f.rfilename == "config.json")
+        || !files.iter().any(|f| f.rfilename.ends_with(".safetensors"))
+    {
         return Err(DownloadError::NotAModel(job.repo.clone()));
     }
     // Files are fetched by commit, so a resume never mixes two revisions.
@@ -263,7 +295,13 @@ async fn fetch_repo(client: &reqwest::Client, endpoint: &str, job: &Job, revisio
 }
 
 /// Download one file to `dest` through `dest.part`, resuming the part where it stopped.
-async fn fetch_file(client: &reqwest::Client, url: &str, job: &Job, dest: &Path, size: Option<u64>) -> Result<(), DownloadError> {
+async fn fetch_file(
+    client: &reqwest::Client,
+    url: &str,
+    job: &Job,
+    dest: &Path,
+    size: Option<u64>,
+) -> Result<(), DownloadError> {
     if let (Ok(m), Some(size)) = (tokio::fs::metadata(dest).await, size) {
         if m.len() == size {
             job.done.fetch_add(size, Ordering::Relaxed);
@@ -271,8 +309,14 @@ async fn fetch_file(client: &reqwest::Client, url: &str, job: &Job, dest: &Path,
             return Ok(());
         }
     }
-    let part = dest.with_extension(format!("{}.part", dest.extension().and_then(|e| e.to_str()).unwrap_or("")));
-    let etag_file = dest.with_extension(format!("{}.etag", dest.extension().and_then(|e| e.to_str()).unwrap_or("")));
+    let part = dest.with_extension(format!(
+        "{}.part",
+        dest.extension().and_then(|e| e.to_str()).unwrap_or("")
+    ));
+    let etag_file = dest.with_extension(format!(
+        "{}.etag",
+        dest.extension().and_then(|e| e.to_str()).unwrap_or("")
+    ));
     let io = |e| DownloadError::Io(part.clone(), e);
     let mut last_error = String::new();
     for attempt in 0..ATTEMPTS {
@@ -284,7 +328,9 @@ async fn fetch_file(client: &reqwest::Client, url: &str, job: &Job, dest: &Path,
         let mut req = client.get(url);
         if have > 0 {
             if let Some(etag) = &etag {
-                req = req.header(reqwest::header::RANGE, format!("bytes={have}-")).header(reqwest::header::IF_RANGE, etag.as_str());
+                req = req
+                    .header(reqwest::header::RANGE, format!("bytes={have}-"))
+                    .header(reqwest::header::IF_RANGE, etag.as_str());
             }
         }
         let resp = match req.send().await {
@@ -307,7 +353,12 @@ async fn fetch_file(client: &reqwest::Client, url: &str, job: &Job, dest: &Path,
                 continue;
             }
         };
-        let new_etag = resp.headers().get("x-linked-etag").or_else(|| resp.headers().get(reqwest::header::ETAG)).and_then(|v| v.to_str().ok()).map(String::from);
+        let new_etag = resp
+            .headers()
+            .get("x-linked-etag")
+            .or_else(|| resp.headers().get(reqwest::header::ETAG))
+            .and_then(|v| v.to_str().ok())
+            .map(String::from);
         if let Some(e) = &new_etag {
             tokio::fs::write(&etag_file, e).await.map_err(io)?;
         }
@@ -362,12 +413,16 @@ async fn fetch_file(client: &reqwest::Client, url: &str, job: &Job, dest: &Path,
         let _ = tokio::fs::remove_file(&etag_file).await;
         return Ok(());
     }
-    if Some(tokio::fs::metadata(&part).await.map(|m| m.len()).unwrap_or(0)) == size && size.is_some() {
+    if Some(tokio::fs::metadata(&part).await.map(|m| m.len()).unwrap_or(0)) == size
+        && size.is_some()
+    {
         tokio::fs::rename(&part, dest).await.map_err(io)?;
         job.done.fetch_add(size.unwrap_or(0), Ordering::Relaxed);
         return Ok(());
     }
-    Err(DownloadError::Http(format!("download interrupted after {ATTEMPTS} attempts ({last_error}); start it again to resume")))
+    Err(DownloadError::Http(format!(
+        "download interrupted after {ATTEMPTS} attempts ({last_error}); start it again to resume"
+    )))
 }
 
 #[cfg(test)]
@@ -382,7 +437,11 @@ mod tests {
         for bad in ["", "a", "a/b/c", "../x", "a/..", "a/b c", "/a"] {
             assert!(!valid_repo(bad), "{bad}");
         }
-        assert!(wanted("model-00001-of-00002.safetensors") && wanted("tokenizer.json") && wanted("chat_template.jinja"));
+        assert!(
+            wanted("model-00001-of-00002.safetensors")
+                && wanted("tokenizer.json")
+                && wanted("chat_template.jinja")
+        );
         assert!(!wanted("model.gguf") && !wanted("onnx/model.json") && !wanted("README.md"));
     }
 }

@@ -20,7 +20,7 @@ pub mod sync;
 pub mod tokenizer;
 pub mod train;
 
-pub use error::{EngineError, Result};
-pub use decode::{generate, FinishReason, GenerateParams, Generation};
-pub use model::{load_model, LoadedModel};
 pub use decode::sampler::SamplingParams;
+pub use decode::{generate, FinishReason, GenerateParams, Generation};
+pub use error::{EngineError, Result};
+pub use model::{load_model, LoadedModel};

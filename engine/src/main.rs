@@ -162,7 +162,10 @@ enum Command {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("PERCH_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("PERCH_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
@@ -186,14 +189,38 @@ fn load(spec: Option<String>, dir: &std::path::Path) -> anyhow::Result<perch_eng
 fn run(cli: Cli) -> anyhow::Result<()> {
     let dir = cli.models_dir.unwrap_or_else(models_dir);
     match cli.command {
-        Command::Run { model, max_tokens, temp, top_p, top_k, min_p, repetition_penalty, seed, stop, raw, draft, verbose, prompt } => {
+        Command::Run {
+            model,
+            max_tokens,
+            temp,
+            top_p,
+            top_k,
+            min_p,
+            repetition_penalty,
+            seed,
+            stop,
+            raw,
+            draft,
+            verbose,
+            prompt,
+        } => {
             let model = load(model, &dir)?;
             let ids = if !raw && model.tokenizer.has_chat_template() {
-                model.tokenizer.encode_chat(&[ChatMessage { role: "user".into(), content: prompt }])?
+                model
+                    .tokenizer
+                    .encode_chat(&[ChatMessage { role: "user".into(), content: prompt }])?
             } else {
                 model.tokenizer.encode(&prompt, true)?
             };
-            let sampling = SamplingParams { temperature: temp, top_p, top_k, min_p, repetition_penalty, seed, ..Default::default() };
+            let sampling = SamplingParams {
+                temperature: temp,
+                top_p,
+                top_k,
+                min_p,
+                repetition_penalty,
+                seed,
+                ..Default::default()
+            };
             let draft = perch_engine::decode::DraftMode::parse(&draft, &model)?;
             let params = GenerateParams { max_tokens, sampling, stop, draft, ..Default::default() };
             let mut out = std::io::stdout().lock();
@@ -242,22 +269,53 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 let log_dir = Some(perch_engine::paths::log_dir());
                 let sup = perch_engine::supervisor::Supervisor::start(&path, log_dir).await?;
                 sup.watch()?;
-                eprintln!("perch: settings {}; UI and API at {}/ (the model loads in the background)", path.display(), sup.url());
+                eprintln!(
+                    "perch: settings {}; UI and API at {}/ (the model loads in the background)",
+                    path.display(),
+                    sup.url()
+                );
                 perch_engine::server::wait_for_signal().await;
                 eprintln!("perch: shutting down");
                 sup.shutdown().await;
                 anyhow::Ok(())
             })?;
         }
-        Command::Serve { config: None, model, host, port, api_key, allow_origin, allow_host, draft, max_queue, max_body, max_tokens_cap, log_dir, log_text, keep_alive, ladder, idle_grace, no_load_warmup } => {
+        Command::Serve {
+            config: None,
+            model,
+            host,
+            port,
+            api_key,
+            allow_origin,
+            allow_host,
+            draft,
+            max_queue,
+            max_body,
+            max_tokens_cap,
+            log_dir,
+            log_text,
+            keep_alive,
+            ladder,
+            idle_grace,
+            no_load_warmup,
+        } => {
             use perch_engine::runtime::{Engine, EngineConfig};
             use perch_engine::server::{ServeConfig, Server};
             let spec = model.unwrap_or_else(|| DEFAULT_MODEL_ID.to_string());
             model::resolve(&spec, &dir).map_err(|e| anyhow::anyhow!("{e}\n  models directory: {}\n  run `scripts/setup` to install the default model, or pass --model PATH", dir.display()))?;
-            let mut config = EngineConfig { models_dir: dir.clone(), model: spec, draft, max_queue, ..Default::default() };
+            let mut config = EngineConfig {
+                models_dir: dir.clone(),
+                model: spec,
+                draft,
+                max_queue,
+                ..Default::default()
+            };
             config.keep_alive = perch_engine::runtime::KeepAlive::from_secs(keep_alive);
             config.load_warmup = !no_load_warmup;
-            config.ladder = perch_engine::runtime::LadderConfig::profile(&ladder).ok_or_else(|| anyhow::anyhow!("--ladder must be default, turbo or off, not `{ladder}`"))?;
+            config.ladder =
+                perch_engine::runtime::LadderConfig::profile(&ladder).ok_or_else(|| {
+                    anyhow::anyhow!("--ladder must be default, turbo or off, not `{ladder}`")
+                })?;
             config.ladder.idle_grace = std::time::Duration::from_secs_f64(idle_grace);
             let engine = Engine::start(config)?;
             let log_dir = match log_dir.as_deref() {
@@ -265,11 +323,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Some(d) => Some(PathBuf::from(d)),
                 None => Some(perch_engine::paths::log_dir()),
             };
-            let config = ServeConfig { host, port, api_key, allowed_origins: allow_origin, allowed_hosts: allow_host, max_body_bytes: max_body, max_tokens_cap, log_dir: log_dir.clone(), log_text, ..Default::default() };
+            let config = ServeConfig {
+                host,
+                port,
+                api_key,
+                allowed_origins: allow_origin,
+                allowed_hosts: allow_host,
+                max_body_bytes: max_body,
+                max_tokens_cap,
+                log_dir: log_dir.clone(),
+                log_text,
+                ..Default::default()
+            };
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(async move {
                 let server = Server::start(std::sync::Arc::new(engine), config).await?;
-                let id = server.app().and_then(|a| a.engine.loaded()).map(|m| m.id).unwrap_or_default();
+                let id =
+                    server.app().and_then(|a| a.engine.loaded()).map(|m| m.id).unwrap_or_default();
                 eprintln!("perch: serving {id} at {}/v1", server.url());
                 if let Some(d) = log_dir {
                     eprintln!("perch: request log in {}", d.display());
@@ -280,7 +350,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Models { json } => {
             // Installed models and, in place, the Hugging Face cache's.
-            let models = perch_engine::catalog::Catalog { models_dir: dir.clone(), hf_cache: perch_engine::catalog::hf_cache_dir() }.list();
+            let models = perch_engine::catalog::Catalog {
+                models_dir: dir.clone(),
+                hf_cache: perch_engine::catalog::hf_cache_dir(),
+            }
+            .list();
             if json {
                 println!("{}", serde_json::to_string_pretty(&models)?);
             } else if models.is_empty() {
@@ -294,16 +368,27 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                         m.size_bytes as f64 / 1e6,
                         m.context_length.map(|c| c.to_string()).unwrap_or_else(|| "?".into()),
                         m.format,
-                        if m.source == perch_engine::catalog::Source::HfCache { "(Hugging Face cache)" } else { "" }
+                        if m.source == perch_engine::catalog::Source::HfCache {
+                            "(Hugging Face cache)"
+                        } else {
+                            ""
+                        }
                     );
                 }
             }
         }
         Command::Bench { model, runs, decode_tokens, json, draft, prompt, scenario } => {
             if let Some(scenario) = scenario {
-                anyhow::ensure!(scenario == "first-request", "unknown scenario `{scenario}` (first-request)");
+                anyhow::ensure!(
+                    scenario == "first-request",
+                    "unknown scenario `{scenario}` (first-request)"
+                );
                 let spec = model.unwrap_or_else(|| DEFAULT_MODEL_ID.to_string());
-                let config = perch_engine::runtime::EngineConfig { models_dir: dir.clone(), model: spec, ..Default::default() };
+                let config = perch_engine::runtime::EngineConfig {
+                    models_dir: dir.clone(),
+                    model: spec,
+                    ..Default::default()
+                };
                 let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
                 let r = rt.block_on(bench::first_request(config, 128, 16))?;
                 if !json {

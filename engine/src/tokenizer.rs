@@ -61,7 +61,9 @@ impl Tokenizer {
         if let Some(ids) = gen.get("eos_token_id") {
             match ids {
                 Value::Number(n) => eos_ids.extend(n.as_u64().map(|n| n as u32)),
-                Value::Array(l) => eos_ids.extend(l.iter().filter_map(|v| v.as_u64()).map(|n| n as u32)),
+                Value::Array(l) => {
+                    eos_ids.extend(l.iter().filter_map(|v| v.as_u64()).map(|n| n as u32))
+                }
                 _ => {}
             }
         }
@@ -72,7 +74,10 @@ impl Tokenizer {
     }
 
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let enc = self.inner.encode(text, add_special_tokens).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        let enc = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -87,7 +92,10 @@ impl Tokenizer {
     /// The token a generation may start from when the prompt is empty: BOS if the model has
     /// one, else its first EOS (GPT-2's `<|endoftext|>` separates documents the same way).
     pub fn start_token(&self) -> Option<u32> {
-        self.bos_token.as_deref().and_then(|b| self.inner.token_to_id(b)).or_else(|| self.eos_ids.iter().next().copied())
+        self.bos_token
+            .as_deref()
+            .and_then(|b| self.inner.token_to_id(b))
+            .or_else(|| self.eos_ids.iter().next().copied())
     }
 
     pub fn eos_ids(&self) -> Vec<u32> {
@@ -100,7 +108,11 @@ impl Tokenizer {
 
     /// Render `messages` through the model's chat template, ending with the assistant's
     /// turn opened when `add_generation_prompt`.
-    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let template = self
             .chat_template
             .as_deref()
@@ -109,9 +121,12 @@ impl Tokenizer {
         minijinja_contrib::add_to_environment(&mut env);
         // Hugging Face templates call Python string methods (.strip(), .startswith(), ...).
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+            },
+        );
         env.add_function("strftime_now", |fmt: String| -> String {
             // Templates use this for "today's date" in system prompts; a fixed-format UTC date.
             let _ = fmt;
@@ -135,8 +150,12 @@ impl Tokenizer {
         env.get_template("chat")
             .and_then(|t| t.render_captured_to(ctx, &mut out).map(drop))
             .map_err(|e| match e.kind() {
-                minijinja::ErrorKind::OutOfFuel => EngineError::Template(format!("the template ran past its budget of {TEMPLATE_FUEL} steps")),
-                minijinja::ErrorKind::WriteFailure => EngineError::Template(format!("the template wrote more than {TEMPLATE_MAX_OUTPUT} bytes")),
+                minijinja::ErrorKind::OutOfFuel => EngineError::Template(format!(
+                    "the template ran past its budget of {TEMPLATE_FUEL} steps"
+                )),
+                minijinja::ErrorKind::WriteFailure => EngineError::Template(format!(
+                    "the template wrote more than {TEMPLATE_MAX_OUTPUT} bytes"
+                )),
                 _ => EngineError::Template(e.to_string()),
             })?;
         String::from_utf8(out.0).map_err(|e| EngineError::Template(e.to_string()))
@@ -147,7 +166,8 @@ impl Tokenizer {
     /// messages' text in order, separated by blank lines, as a plain prompt to continue.
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
         if self.chat_template.is_none() {
-            let text: Vec<&str> = messages.iter().map(|m| m.content.as_str()).filter(|c| !c.is_empty()).collect();
+            let text: Vec<&str> =
+                messages.iter().map(|m| m.content.as_str()).filter(|c| !c.is_empty()).collect();
             return self.encode(&format!("{}\n\n", text.join("\n\n")), true);
         }
         let text = self.apply_chat_template(messages, true)?;
@@ -160,7 +180,8 @@ fn read_json_if_exists(path: &Path) -> Result<Value> {
         return Ok(Value::Null);
     }
     let text = std::fs::read_to_string(path).map_err(EngineError::io(path))?;
-    serde_json::from_str(&text).map_err(|e| EngineError::Config { file: path.to_path_buf(), msg: e.to_string() })
+    serde_json::from_str(&text)
+        .map_err(|e| EngineError::Config { file: path.to_path_buf(), msg: e.to_string() })
 }
 
 /// "26 Nov 2026" from days since the Unix epoch (Howard Hinnant's civil-from-days).
@@ -174,7 +195,8 @@ fn civil_date(days: i64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+    const MONTHS: [&str; 12] =
+        ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
     format!("{d:02} {} {y}", MONTHS[(m - 1) as usize])
 }
 
@@ -202,7 +224,10 @@ impl StreamDecoder {
         self.tokens.push(id);
         let prefix = tok.decode(&self.tokens[self.prefix_offset..self.read_offset])?;
         let full = tok.decode(&self.tokens[self.prefix_offset..])?;
-        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.is_char_boundary(prefix.len()) {
+        if full.len() > prefix.len()
+            && !full.ends_with('\u{FFFD}')
+            && full.is_char_boundary(prefix.len())
+        {
             let piece = full[prefix.len()..].to_string();
             self.prefix_offset = self.read_offset;
             self.read_offset = self.tokens.len();

@@ -19,9 +19,15 @@ fn root() -> PathBuf {
 
 fn venv() -> Option<PathBuf> {
     let python = root().join(".deps/venv/bin/python");
-    let ok = Command::new(&python).args(["-c", "import openai, httpx, schemathesis"]).output().is_ok_and(|o| o.status.success());
+    let ok = Command::new(&python)
+        .args(["-c", "import openai, httpx, schemathesis"])
+        .output()
+        .is_ok_and(|o| o.status.success());
     if !ok {
-        assert!(std::env::var_os("CI").is_none(), "CI must install the API clients (scripts/setup-peers)");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must install the API clients (scripts/setup-peers)"
+        );
         eprintln!("SKIPPED: openai / httpx / schemathesis not installed in .deps/venv (run scripts/setup-peers)");
         return None;
     }
@@ -32,14 +38,27 @@ async fn serve(config: ServeConfig, max_queue: usize) -> Server {
     std::env::set_var("PERCH_DTYPE", "f32");
     let models_dir = fixture_dir("qwen3").parent().unwrap().to_path_buf();
     // Drafts on (prompt lookup for this model): the clients must not be able to tell.
-    let engine = Engine::start(EngineConfig { models_dir, model: "qwen3".into(), draft: "auto".into(), max_queue, ladder: perch_engine::runtime::LadderConfig::profile("off").unwrap(), ..Default::default() }).unwrap();
+    let engine = Engine::start(EngineConfig {
+        models_dir,
+        model: "qwen3".into(),
+        draft: "auto".into(),
+        max_queue,
+        ladder: perch_engine::runtime::LadderConfig::profile("off").unwrap(),
+        ..Default::default()
+    })
+    .unwrap();
     Server::start(Arc::new(engine), ServeConfig { port: 0, ..config }).await.unwrap()
 }
 
 async fn run(program: PathBuf, args: Vec<String>) -> (bool, String) {
     tokio::task::spawn_blocking(move || {
-        let out = Command::new(&program).args(&args).current_dir(std::env::temp_dir()).output().unwrap();
-        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let out =
+            Command::new(&program).args(&args).current_dir(std::env::temp_dir()).output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
         (out.status.success(), text)
     })
     .await
@@ -70,7 +89,17 @@ impl ServeProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_perch"))
             .arg("--models-dir")
             .arg(&models)
-            .args(["serve", "--model", "qwen3", "--port", "0", "--log-dir", "none", "--ladder", "off"])
+            .args([
+                "serve",
+                "--model",
+                "qwen3",
+                "--port",
+                "0",
+                "--log-dir",
+                "none",
+                "--ladder",
+                "off",
+            ])
             .args(args)
             .env("PERCH_DTYPE", "f32")
             .stderr(std::process::Stdio::piped())
@@ -89,8 +118,13 @@ impl ServeProcess {
     }
 
     fn rss_bytes(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
-        status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok()).map_or(0, |kb| kb * 1024)
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
     }
 }
 
@@ -109,7 +143,11 @@ async fn sixteen_streaming_clients_complete_or_get_429() {
     let url = format!("{}/v1", server.url);
     let script = root().join("tests/api/load_test.py").display().to_string();
     // Warm up with the same load, then take the idle figure.
-    let (ok, out) = run(python.clone(), vec![script.clone(), url.clone(), "qwen3".into(), "16".into(), "1".into()]).await;
+    let (ok, out) = run(
+        python.clone(),
+        vec![script.clone(), url.clone(), "qwen3".into(), "16".into(), "1".into()],
+    )
+    .await;
     assert!(ok, "{out}");
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let idle = server.rss_bytes();
@@ -117,15 +155,28 @@ async fn sixteen_streaming_clients_complete_or_get_429() {
     println!("{out}");
     assert!(ok, "load test failed:\n{out}");
     let counts: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
-    assert!(counts["completed"].as_u64().unwrap() > 0 && counts["busy"].as_u64().unwrap() > 0, "expected both completions and 429s: {counts}");
+    assert!(
+        counts["completed"].as_u64().unwrap() > 0 && counts["busy"].as_u64().unwrap() > 0,
+        "expected both completions and 429s: {counts}"
+    );
     // Memory returns to its idle figure once the clients are gone.
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let after = server.rss_bytes();
     let growth = after as f64 / idle as f64 - 1.0;
-    println!("server RSS idle {:.1} MB, after load {:.1} MB ({:+.1} %)", idle as f64 / 1e6, after as f64 / 1e6, growth * 100.0);
+    println!(
+        "server RSS idle {:.1} MB, after load {:.1} MB ({:+.1} %)",
+        idle as f64 / 1e6,
+        after as f64 / 1e6,
+        growth * 100.0
+    );
     assert!(idle > 0 && growth < 0.10, "memory grew {:.1} % over the load", growth * 100.0);
-    let h: serde_json::Value = reqwest::get(format!("{}/health", server.url)).await.unwrap().json().await.unwrap();
-    assert_eq!((h["foreground_active"].as_u64(), h["foreground_queued"].as_u64()), (Some(0), Some(0)), "{h}");
+    let h: serde_json::Value =
+        reqwest::get(format!("{}/health", server.url)).await.unwrap().json().await.unwrap();
+    assert_eq!(
+        (h["foreground_active"].as_u64(), h["foreground_queued"].as_u64()),
+        (Some(0), Some(0)),
+        "{h}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,7 +200,15 @@ async fn schemathesis_finds_no_server_errors_and_no_schema_violations() {
         "--continue-on-failure",
     ];
     let (ok, out) = run(schemathesis, args.iter().map(|a| a.to_string()).collect()).await;
-    let summary: Vec<&str> = out.lines().filter(|l| l.contains("generated") || l.contains("passed") || l.contains("failed") || l.contains("error")).collect();
+    let summary: Vec<&str> = out
+        .lines()
+        .filter(|l| {
+            l.contains("generated")
+                || l.contains("passed")
+                || l.contains("failed")
+                || l.contains("error")
+        })
+        .collect();
     println!("{}", summary.join("\n"));
     assert!(ok, "schemathesis reported problems:\n{out}");
     s.shutdown().await;

@@ -24,7 +24,11 @@ fn run_prints_the_greedy_continuation_mlx_lm_produced() {
             .output()
             .unwrap();
         assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
-        let eos = g.greedy_tokens.iter().position(|t| model.tokenizer.is_eos(*t)).unwrap_or(g.greedy_tokens.len());
+        let eos = g
+            .greedy_tokens
+            .iter()
+            .position(|t| model.tokenizer.is_eos(*t))
+            .unwrap_or(g.greedy_tokens.len());
         let expected = model.tokenizer.decode(&g.greedy_tokens[..eos]).unwrap();
         assert_eq!(String::from_utf8(out.stdout).unwrap(), format!("{expected}\n"), "{name}");
     }
@@ -33,7 +37,8 @@ fn run_prints_the_greedy_continuation_mlx_lm_produced() {
 #[test]
 fn models_lists_what_is_installed() {
     let (tmp, _dst) = copy_fixture("qwen3", "tiny-qwen3");
-    let out = perch().args(["models", "--json"]).env("PERCH_MODELS_DIR", tmp.path()).output().unwrap();
+    let out =
+        perch().args(["models", "--json"]).env("PERCH_MODELS_DIR", tmp.path()).output().unwrap();
     assert!(out.status.success());
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(list[0]["id"], "tiny-qwen3");
@@ -51,10 +56,17 @@ fn models_lists_what_is_installed() {
 #[test]
 fn unknown_model_is_a_clear_error() {
     let tmp = tempfile::tempdir().unwrap();
-    let out = perch().args(["run", "--model", "no-such-model", "hi"]).env("PERCH_MODELS_DIR", tmp.path()).output().unwrap();
+    let out = perch()
+        .args(["run", "--model", "no-such-model", "hi"])
+        .env("PERCH_MODELS_DIR", tmp.path())
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("model `no-such-model` not found") && err.contains("--model PATH"), "{err}");
+    assert!(
+        err.contains("model `no-such-model` not found") && err.contains("--model PATH"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -66,7 +78,14 @@ fn bench_reports_every_figure() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    for key in ["prefill_128_tok_s", "prefill_1024_tok_s", "decode_tok_s", "ttft_128_s", "peak_rss_bytes", "peak_mlx_memory_bytes"] {
+    for key in [
+        "prefill_128_tok_s",
+        "prefill_1024_tok_s",
+        "decode_tok_s",
+        "ttft_128_s",
+        "peak_rss_bytes",
+        "peak_mlx_memory_bytes",
+    ] {
         assert!(r[key].as_f64().is_some_and(|v| v > 0.0), "{key} missing or zero in {r}");
     }
 }

@@ -27,10 +27,20 @@ async fn finish(d: &Downloads, id: u64) -> JobView {
 
 fn same_as_fixture(dir: &Path) {
     for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
-        assert_eq!(std::fs::read(dir.join(f)).unwrap(), std::fs::read(fixture_dir("qwen3").join(f)).unwrap(), "{f}");
+        assert_eq!(
+            std::fs::read(dir.join(f)).unwrap(),
+            std::fs::read(fixture_dir("qwen3").join(f)).unwrap(),
+            "{f}"
+        );
     }
-    let names: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
-    assert!(names.iter().all(|n| !n.ends_with(".part") && !n.ends_with(".etag") && !n.starts_with('.')), "leftovers: {names:?}");
+    let names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.ends_with(".part") && !n.ends_with(".etag") && !n.starts_with('.')),
+        "leftovers: {names:?}"
+    );
     assert!(!names.contains(&"README.md".to_string()), "only model files are fetched");
 }
 
@@ -50,7 +60,11 @@ async fn a_full_download_installs_a_model_that_loads() {
     std::env::set_var("PERCH_DTYPE", "f32");
     perch_engine::load_model(&dir).expect("the downloaded model loads");
     // Downloading it again is refused rather than overwriting it.
-    assert!(d.start(REPO, None, &url, models.path()).unwrap_err().to_string().contains("already installed"));
+    assert!(d
+        .start(REPO, None, &url, models.path())
+        .unwrap_err()
+        .to_string()
+        .contains("already installed"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -64,7 +78,10 @@ async fn a_cut_connection_resumes_where_it_stopped() {
     assert_eq!(j.state, JobState::Done, "{j:?}");
     let ranges = hub.ranges.lock().unwrap().clone();
     assert_eq!(ranges.len(), 2, "each cut is resumed with a Range request: {ranges:?}");
-    assert!(ranges[0].starts_with("model.safetensors bytes=") && !ranges[0].ends_with("bytes=0-"), "{ranges:?}");
+    assert!(
+        ranges[0].starts_with("model.safetensors bytes=") && !ranges[0].ends_with("bytes=0-"),
+        "{ranges:?}"
+    );
     assert!(j.resumed_bytes >= 600_000, "{j:?}");
     same_as_fixture(&models.path().join("tiny-qwen3"));
 }
@@ -81,7 +98,8 @@ async fn an_interrupted_download_is_resumed_by_the_next_one() {
     assert_eq!(j.state, JobState::Failed, "{j:?}");
     assert!(j.error.as_deref().unwrap().contains("start it again to resume"), "{j:?}");
     let part = models.path().join(".downloads/perch-test--tiny-qwen3/model.safetensors.part");
-    let kept = std::fs::metadata(&part).unwrap_or_else(|e| panic!("{e}: {:?}", walk(models.path()))).len();
+    let kept =
+        std::fs::metadata(&part).unwrap_or_else(|e| panic!("{e}: {:?}", walk(models.path()))).len();
     assert!(kept >= 100_000, "the part file keeps what arrived: {kept}");
     assert!(!models.path().join("tiny-qwen3").exists(), "nothing half-done is installed");
 
@@ -89,7 +107,11 @@ async fn an_interrupted_download_is_resumed_by_the_next_one() {
     hub.ranges.lock().unwrap().clear();
     let j = finish(&d, d.start(REPO, None, &url, models.path()).unwrap().id).await;
     assert_eq!(j.state, JobState::Done, "{j:?}");
-    assert!(hub.ranges.lock().unwrap()[0].ends_with(&format!("bytes={kept}-")), "{:?}", hub.ranges.lock().unwrap());
+    assert!(
+        hub.ranges.lock().unwrap()[0].ends_with(&format!("bytes={kept}-")),
+        "{:?}",
+        hub.ranges.lock().unwrap()
+    );
     assert!(j.resumed_bytes >= kept);
     same_as_fixture(&models.path().join("tiny-qwen3"));
 }
@@ -119,7 +141,8 @@ async fn a_missing_repo_fails_clearly_and_writes_nothing() {
     let (hub, url) = hub().await;
     let models = tempfile::tempdir().unwrap();
     let d = Downloads::new();
-    let j = finish(&d, d.start("perch-test/no-such-model", None, &url, models.path()).unwrap().id).await;
+    let j = finish(&d, d.start("perch-test/no-such-model", None, &url, models.path()).unwrap().id)
+        .await;
     assert_eq!(j.state, JobState::Failed);
     assert!(j.error.as_deref().unwrap().contains("was not found"), "{j:?}");
     assert!(walk(models.path()).is_empty());

@@ -28,7 +28,11 @@ fn greedy_tokens_match_mlx_lm_golden() {
     for name in FIXTURES {
         let model = load_fixture(name);
         let g = golden(name);
-        let params = GenerateParams { max_tokens: g.greedy_tokens.len(), ignore_eos: true, ..Default::default() };
+        let params = GenerateParams {
+            max_tokens: g.greedy_tokens.len(),
+            ignore_eos: true,
+            ..Default::default()
+        };
         let out = generate(&model, &g.prompt_ids, &params, None, |_| {}).unwrap();
         assert_eq!(out.tokens, g.greedy_tokens, "{name}: greedy tokens differ from mlx-lm");
         assert_eq!(out.finish_reason, FinishReason::Length);
@@ -45,7 +49,12 @@ fn chunked_prefill_matches_one_pass() {
         let g = golden(name);
         let long: Vec<u32> = g.prompt_ids.iter().copied().cycle().take(300).collect();
         let run = |chunk: usize| {
-            let p = GenerateParams { max_tokens: 12, ignore_eos: true, prefill_chunk: chunk, ..Default::default() };
+            let p = GenerateParams {
+                max_tokens: 12,
+                ignore_eos: true,
+                prefill_chunk: chunk,
+                ..Default::default()
+            };
             generate(&model, &long, &p, None, |_| {}).unwrap().tokens
         };
         let reference = run(1024);
@@ -76,7 +85,11 @@ fn goldens_have_no_near_ties() {
         for (i, &want) in g.greedy_tokens.iter().enumerate() {
             let row = &logits[(g.prompt_ids.len() - 1 + i) * vocab..][..vocab];
             let scale = row.iter().fold(0f32, |m, x| m.max(x.abs()));
-            let runner_up = row.iter().enumerate().filter(|(t, _)| *t != want as usize).fold(f32::MIN, |m, (_, &x)| m.max(x));
+            let runner_up = row
+                .iter()
+                .enumerate()
+                .filter(|(t, _)| *t != want as usize)
+                .fold(f32::MIN, |m, (_, &x)| m.max(x));
             let margin = (row[want as usize] - runner_up) / scale;
             assert!(margin >= MIN_MARGIN, "{name}: golden step {i} (token {want}) leads by only {margin:.2e} relative: a near-tie another CPU may flip");
             if margin < smallest.0 {
@@ -84,5 +97,8 @@ fn goldens_have_no_near_ties() {
             }
         }
     }
-    println!("smallest golden margin: {:.2e} relative ({} step {})", smallest.0, smallest.1, smallest.2);
+    println!(
+        "smallest golden margin: {:.2e} relative ({} step {})",
+        smallest.0, smallest.1, smallest.2
+    );
 }

@@ -24,9 +24,9 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use common::{greedy_departures, own_gap, reference_gap, TopTokens};
 use mlx_rs::Array;
 use perch_engine::gguf::import::{import, ImportOptions, Quantize, StoreDtype};
-use common::{greedy_departures, own_gap, reference_gap, TopTokens};
 use perch_engine::LoadedModel;
 
 const PROMPTS: &[&str] = &[
@@ -59,9 +59,15 @@ fn peers() -> Option<(PathBuf, PathBuf)> {
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join(".deps/venv/bin/python"));
     let ok = gguf.exists()
-        && Command::new(&python).args(["-c", "import mlx_lm, llama_cpp"]).output().is_ok_and(|o| o.status.success());
+        && Command::new(&python)
+            .args(["-c", "import mlx_lm, llama_cpp"])
+            .output()
+            .is_ok_and(|o| o.status.success());
     if !ok {
-        assert!(std::env::var_os("CI").is_none(), "CI must fetch the Gemma GGUF and install the peers");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must fetch the Gemma GGUF and install the peers"
+        );
         eprintln!("SKIPPED: Gemma GGUF or peers (mlx-lm, llama-cpp-python) missing");
         return None;
     }
@@ -78,7 +84,8 @@ fn run_python(python: &Path, script: &str, input: serde_json::Value) -> serde_js
     child.stdin.take().unwrap().write_all(input.to_string().as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "peer script failed");
-    serde_json::from_slice(out.stdout.rsplit(|&b| b == b'\n').find(|l| !l.is_empty()).unwrap()).unwrap()
+    serde_json::from_slice(out.stdout.rsplit(|&b| b == b'\n').find(|l| !l.is_empty()).unwrap())
+        .unwrap()
 }
 
 const LLAMA_CPP: &str = r#"
@@ -128,12 +135,22 @@ fn references(theirs: &serde_json::Value) -> Vec<Reference> {
 
 /// Perch's departures from each reference, split into near-ties and real disagreements
 /// (printed as they are found); returns (near-ties, disagreements, positions compared).
-fn compare(model: &LoadedModel, refs: &[Reference], peer: &str, near_tie: f64) -> (usize, usize, usize) {
+fn compare(
+    model: &LoadedModel,
+    refs: &[Reference],
+    peer: &str,
+    near_tie: f64,
+) -> (usize, usize, usize) {
     let (mut ties, mut wrong, mut compared) = (0, 0, 0);
     for r in refs {
         let departures = greedy_departures(model, &r.ids, &r.greedy);
         compared += r.greedy.len();
-        println!("{:?}: {}/{} tokens as {peer}'s", r.prompt, r.greedy.len() - departures.len(), r.greedy.len());
+        println!(
+            "{:?}: {}/{} tokens as {peer}'s",
+            r.prompt,
+            r.greedy.len() - departures.len(),
+            r.greedy.len()
+        );
         for d in departures {
             // A near-tie for both: the peer ranks Perch's token close to its best, and Perch
             // ranks the peer's token close to its own (on the same context).
@@ -141,7 +158,8 @@ fn compare(model: &LoadedModel, refs: &[Reference], peer: &str, near_tie: f64) -
             let mut context = r.ids.clone();
             context.extend_from_slice(&r.greedy[..d.at]);
             let own = f64::from(own_gap(model, &context, d.theirs));
-            let shown = gap.map_or(format!("outside its top {TOP}"), |g| format!("{g:.3} below its best"));
+            let shown =
+                gap.map_or(format!("outside its top {TOP}"), |g| format!("{g:.3} below its best"));
             let tie = gap.is_some_and(|g| g < near_tie) && own < near_tie;
             println!(
                 "  token {}: Perch {} vs {peer} {}: Perch's token is {shown} for {peer}, {peer}'s {own:.3} below Perch's best{}",
@@ -172,7 +190,12 @@ fn perturbed(dir: &Path, into: &Path, name: &str, f: impl Fn(&Array) -> Array) -
     let mut t = Array::load_safetensors(dir.join("model.safetensors")).unwrap();
     let changed = f(t.get(name).unwrap_or_else(|| panic!("no tensor {name}")));
     t.insert(name.to_string(), changed);
-    Array::save_safetensors(t.iter().map(|(k, v)| (k.as_str(), v)), None, into.join("model.safetensors")).unwrap();
+    Array::save_safetensors(
+        t.iter().map(|(k, v)| (k.as_str(), v)),
+        None,
+        into.join("model.safetensors"),
+    )
+    .unwrap();
     perch_engine::load_model(into).unwrap()
 }
 
@@ -182,9 +205,15 @@ fn gemma_matches_llama_cpp() {
     let tmp = tempfile::tempdir().unwrap();
     let model = common::import_gemma(&gguf, tmp.path(), StoreDtype::F32);
     // llama.cpp's own SentencePiece test inputs, tokenized with the Gemma vocabulary.
-    let inp = std::fs::read_to_string(root().join(".deps/llama-vocab/ggml-vocab-llama-spm.gguf.inp")).unwrap();
+    let inp =
+        std::fs::read_to_string(root().join(".deps/llama-vocab/ggml-vocab-llama-spm.gguf.inp"))
+            .unwrap();
     let texts: Vec<&str> = inp.split("\n__ggml_vocab_test__\n").filter(|t| !t.is_empty()).collect();
-    let theirs = run_python(&python, LLAMA_CPP, serde_json::json!({"gguf": gguf, "prompts": PROMPTS, "n": 16, "top": TOP, "texts": texts}));
+    let theirs = run_python(
+        &python,
+        LLAMA_CPP,
+        serde_json::json!({"gguf": gguf, "prompts": PROMPTS, "n": 16, "top": TOP, "texts": texts}),
+    );
 
     let mut tok = tokenizers::Tokenizer::from_file(model.dir.join("tokenizer.json")).unwrap();
     tok.set_encode_special_tokens(true);
@@ -194,7 +223,12 @@ fn gemma_matches_llama_cpp() {
     }
     let refs = references(&theirs);
     for r in &refs {
-        assert_eq!(model.tokenizer.encode(r.prompt, true).unwrap(), r.ids, "prompt tokens for {:?}", r.prompt);
+        assert_eq!(
+            model.tokenizer.encode(r.prompt, true).unwrap(),
+            r.ids,
+            "prompt tokens for {:?}",
+            r.prompt
+        );
     }
     let (ties, wrong, compared) = compare(&model, &refs, "llama.cpp", NEAR_TIE);
     println!("{compared} positions: {ties} near-tie departures, {wrong} real disagreements");
@@ -204,9 +238,12 @@ fn gemma_matches_llama_cpp() {
     // norm read without Gemma's `1 +` (weight w used as 1 + w - 1). A uniform scale on the
     // input norm is no such test: Gemma 3's q/k norms and post-norms cancel it exactly.
     drop(model);
-    let broken = perturbed(&tmp.path().join("gemma-3-270m"), &tmp.path().join("broken"), "model.layers.3.post_attention_layernorm.weight", |w| {
-        w.subtract(Array::from_f32(1.0)).unwrap()
-    });
+    let broken = perturbed(
+        &tmp.path().join("gemma-3-270m"),
+        &tmp.path().join("broken"),
+        "model.layers.3.post_attention_layernorm.weight",
+        |w| w.subtract(Array::from_f32(1.0)).unwrap(),
+    );
     let (ties, wrong, _) = compare(&broken, &refs, "llama.cpp", NEAR_TIE);
     println!("perturbed model: {ties} near-tie departures, {wrong} real disagreements");
     assert!(wrong > 0, "a model with a perturbed norm passed the comparison with llama.cpp");
@@ -239,14 +276,23 @@ fn gemma_matches_mlx_lm() {
     let Some((gguf, python)) = peers() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let model = common::import_gemma(&gguf, tmp.path(), StoreDtype::Bf16);
-    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| model.tokenizer.encode(p, true).unwrap()).collect();
-    let theirs = run_python(&python, MLX_LM, serde_json::json!({"dir": model.dir, "prompts": prompts, "out": tmp.path(), "top": TOP}));
+    let prompts: Vec<Vec<u32>> =
+        PROMPTS.iter().map(|p| model.tokenizer.encode(p, true).unwrap()).collect();
+    let theirs = run_python(
+        &python,
+        MLX_LM,
+        serde_json::json!({"dir": model.dir, "prompts": prompts, "out": tmp.path(), "top": TOP}),
+    );
     let mut wrong = 0;
     for (i, ids) in prompts.iter().enumerate() {
-        let want = Array::load_safetensors(tmp.path().join(format!("logits{i}.safetensors"))).unwrap();
+        let want =
+            Array::load_safetensors(tmp.path().join(format!("logits{i}.safetensors"))).unwrap();
         let want = want["logits"].as_slice::<f32>().to_vec();
         let mut caches = model.net.new_caches();
-        let got = model.net.forward(&Array::from_slice(ids, &[1, ids.len() as i32]), &mut caches).unwrap();
+        let got = model
+            .net
+            .forward(&Array::from_slice(ids, &[1, ids.len() as i32]), &mut caches)
+            .unwrap();
         got.eval().unwrap();
         let got = got.as_slice::<f32>();
         let scale = want.iter().fold(0f32, |m, x| m.max(x.abs()));
@@ -273,7 +319,12 @@ fn import_failure_leaves_nothing_behind() {
     let bytes = std::fs::read(&gguf).unwrap();
     std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
     let models = tmp.path().join("models");
-    let opts = ImportOptions { name: Some("cut".into()), quantize: Quantize::None, dtype: StoreDtype::Bf16, overwrite: false };
+    let opts = ImportOptions {
+        name: Some("cut".into()),
+        quantize: Quantize::None,
+        dtype: StoreDtype::Bf16,
+        overwrite: false,
+    };
     let err = import(&cut, &models, &opts).unwrap_err().to_string();
     assert!(err.contains("truncated") && err.contains("tensor `"), "{err}");
     let left: Vec<_> = std::fs::read_dir(&models).map(|d| d.collect()).unwrap_or_default();

@@ -22,7 +22,8 @@ fn hot(seed: u64) -> SamplingParams {
 fn same_seed_same_text_and_different_seeds_differ() {
     let model = load_fixture("qwen2");
     let prompt = golden("qwen2").prompt_ids;
-    let run = |s: SamplingParams| generate(&model, &prompt, &params(24, s), None, |_| {}).unwrap().tokens;
+    let run =
+        |s: SamplingParams| generate(&model, &prompt, &params(24, s), None, |_| {}).unwrap().tokens;
     let a = run(hot(7));
     assert_eq!(a, run(hot(7)), "same seed must give the same tokens");
     let others: Vec<_> = (8..11).map(|s| run(hot(s))).collect();
@@ -36,7 +37,9 @@ fn filters_that_leave_one_token_are_greedy() {
     let model = load_fixture("llama");
     let g = golden("llama");
     let greedy = g.greedy_tokens[..16].to_vec();
-    let run = |s: SamplingParams| generate(&model, &g.prompt_ids, &params(16, s), None, |_| {}).unwrap().tokens;
+    let run = |s: SamplingParams| {
+        generate(&model, &g.prompt_ids, &params(16, s), None, |_| {}).unwrap().tokens
+    };
     assert_eq!(run(SamplingParams { top_k: 1, ..hot(1) }), greedy, "top_k=1");
     assert_eq!(run(SamplingParams { top_p: 1e-6, ..hot(2) }), greedy, "tiny top_p");
     assert_eq!(run(SamplingParams { min_p: 0.999_999, ..hot(3) }), greedy, "min_p near 1");
@@ -49,14 +52,23 @@ fn repetition_penalty_changes_a_real_model_output() {
     // Exact penalty arithmetic is unit-tested in sampler.rs; here, end to end through a model.
     let model = load_fixture("qwen3");
     let g = golden("qwen3");
-    let run = |s: SamplingParams| generate(&model, &g.prompt_ids, &params(32, s), None, |_| {}).unwrap().tokens;
+    let run = |s: SamplingParams| {
+        generate(&model, &g.prompt_ids, &params(32, s), None, |_| {}).unwrap().tokens
+    };
     assert_eq!(run(SamplingParams::greedy()), g.greedy_tokens);
     let distinct = |t: &[u32]| t.iter().collect::<std::collections::BTreeSet<_>>().len();
     let out = run(SamplingParams { repetition_penalty: 1e6, ..Default::default() });
     assert_eq!(distinct(&out), out.len(), "repetition penalty 1e6 still repeated a token: {out:?}");
-    assert!(out.iter().all(|t| !g.prompt_ids.contains(t)), "a prompt token came back despite the penalty");
-    let out = run(SamplingParams { frequency_penalty: 2.0, presence_penalty: 2.0, ..Default::default() });
-    assert!(distinct(&out) > distinct(&g.greedy_tokens), "presence/frequency penalties changed nothing: {out:?}");
+    assert!(
+        out.iter().all(|t| !g.prompt_ids.contains(t)),
+        "a prompt token came back despite the penalty"
+    );
+    let out =
+        run(SamplingParams { frequency_penalty: 2.0, presence_penalty: 2.0, ..Default::default() });
+    assert!(
+        distinct(&out) > distinct(&g.greedy_tokens),
+        "presence/frequency penalties changed nothing: {out:?}"
+    );
 }
 
 #[test]
@@ -76,7 +88,8 @@ fn invalid_sampling_settings_are_rejected() {
     assert!(generate(&model, &[], &params(4, SamplingParams::greedy()), None, |_| {}).is_err());
     assert!(generate(&model, &prompt, &params(0, SamplingParams::greedy()), None, |_| {}).is_err());
     let too_long = vec![prompt[0]; model.context_length];
-    let err = generate(&model, &too_long, &params(4, SamplingParams::greedy()), None, |_| {}).unwrap_err();
+    let err = generate(&model, &too_long, &params(4, SamplingParams::greedy()), None, |_| {})
+        .unwrap_err();
     assert!(err.to_string().contains("context"), "{err}");
 }
 
@@ -85,7 +98,10 @@ fn streamed_pieces_add_up_to_the_decoded_text() {
     let model = load_fixture("llama");
     let g = golden("llama");
     let mut pieces = Vec::new();
-    let out = generate(&model, &g.prompt_ids, &params(32, SamplingParams::greedy()), None, |p| pieces.push(p.to_string())).unwrap();
+    let out = generate(&model, &g.prompt_ids, &params(32, SamplingParams::greedy()), None, |p| {
+        pieces.push(p.to_string())
+    })
+    .unwrap();
     assert_eq!(pieces.concat(), out.text);
     assert_eq!(out.text, model.tokenizer.decode(&out.tokens).unwrap());
     assert!(pieces.len() > 4, "text came out in {} pieces, not streamed", pieces.len());
@@ -95,13 +111,18 @@ fn streamed_pieces_add_up_to_the_decoded_text() {
 fn stop_string_ends_generation_before_it() {
     let model = load_fixture("qwen3");
     let g = golden("qwen3");
-    let full = generate(&model, &g.prompt_ids, &params(32, SamplingParams::greedy()), None, |_| {}).unwrap().text;
+    let full = generate(&model, &g.prompt_ids, &params(32, SamplingParams::greedy()), None, |_| {})
+        .unwrap()
+        .text;
     // A stop string that starts in the middle of the output, spanning several tokens.
     let start = full.char_indices().map(|(i, _)| i).find(|&i| i >= full.len() / 2).unwrap();
     let stop: String = full[start..].chars().take(6).collect();
     let expected = &full[..full.find(&stop).unwrap()];
     let mut streamed = String::new();
-    let p = GenerateParams { stop: vec!["never appears \u{1F426}".into(), stop.clone()], ..params(32, SamplingParams::greedy()) };
+    let p = GenerateParams {
+        stop: vec!["never appears \u{1F426}".into(), stop.clone()],
+        ..params(32, SamplingParams::greedy())
+    };
     let out = generate(&model, &g.prompt_ids, &p, None, |s| streamed.push_str(s)).unwrap();
     assert_eq!(out.finish_reason, FinishReason::Stop);
     assert_eq!(out.text, expected, "stop {stop:?}");
@@ -116,7 +137,8 @@ fn eos_from_config_ends_generation_unless_ignored() {
     let first = g.greedy_tokens.iter().position(|&t| t == eos).unwrap();
     let (_tmp, dir) = copy_fixture("qwen2", "qwen2");
     let cfg_path = dir.join("config.json");
-    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
     cfg["eos_token_id"] = serde_json::json!([eos]);
     std::fs::write(&cfg_path, cfg.to_string()).unwrap();
     let model = perch_engine::load_model(&dir).unwrap();
@@ -125,7 +147,8 @@ fn eos_from_config_ends_generation_unless_ignored() {
     let out = generate(&model, &g.prompt_ids, &stop_at_eos, None, |_| {}).unwrap();
     assert_eq!(out.finish_reason, FinishReason::Stop);
     assert_eq!(out.tokens, g.greedy_tokens[..first].to_vec(), "EOS is not part of the output");
-    let out = generate(&model, &g.prompt_ids, &params(16, SamplingParams::greedy()), None, |_| {}).unwrap();
+    let out = generate(&model, &g.prompt_ids, &params(16, SamplingParams::greedy()), None, |_| {})
+        .unwrap();
     assert_eq!(out.tokens, g.greedy_tokens[..16].to_vec());
 }
 
@@ -135,19 +158,26 @@ fn cancellation_ends_within_one_step() {
     let prompt = golden("llama").prompt_ids;
     let cancel = AtomicBool::new(false);
     let mut seen = 0;
-    let out = generate(&model, &prompt, &params(200, SamplingParams::greedy()), Some(&cancel), |_| {
-        seen += 1;
-        if seen == 3 {
-            cancel.store(true, Ordering::Relaxed);
-        }
-    })
-    .unwrap();
+    let out =
+        generate(&model, &prompt, &params(200, SamplingParams::greedy()), Some(&cancel), |_| {
+            seen += 1;
+            if seen == 3 {
+                cancel.store(true, Ordering::Relaxed);
+            }
+        })
+        .unwrap();
     assert_eq!(out.finish_reason, FinishReason::Cancelled);
-    assert!(out.tokens.len() <= 4, "ran {} tokens after cancellation at the 3rd piece", out.tokens.len());
+    assert!(
+        out.tokens.len() <= 4,
+        "ran {} tokens after cancellation at the 3rd piece",
+        out.tokens.len()
+    );
 
     // Cancelled before the start: nothing generated.
     let cancel = AtomicBool::new(true);
-    let out = generate(&model, &prompt, &params(50, SamplingParams::greedy()), Some(&cancel), |_| {}).unwrap();
+    let out =
+        generate(&model, &prompt, &params(50, SamplingParams::greedy()), Some(&cancel), |_| {})
+            .unwrap();
     assert_eq!(out.finish_reason, FinishReason::Cancelled);
     assert!(out.tokens.len() <= 1);
 }

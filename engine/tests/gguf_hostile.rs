@@ -48,14 +48,32 @@ fn tiny_gguf(edit: impl FnOnce(&mut Vec<Kv>)) -> Vec<u8> {
         kv_u32("llama.block_count", 1),
         kv_u32("llama.context_length", 64),
         kv_str("tokenizer.ggml.model", "llama"),
-        kv_array("tokenizer.ggml.tokens", 8, vocab, &tokens.iter().flat_map(|t| gstr(t)).collect::<Vec<_>>()),
-        kv_array("tokenizer.ggml.scores", 6, vocab, &(0..vocab).flat_map(|i| (-(i as f32)).to_le_bytes()).collect::<Vec<_>>()),
-        kv_array("tokenizer.ggml.token_type", 5, vocab, &[2i32, 3, 3, 1, 1, 1, 1, 1].iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<_>>()),
+        kv_array(
+            "tokenizer.ggml.tokens",
+            8,
+            vocab,
+            &tokens.iter().flat_map(|t| gstr(t)).collect::<Vec<_>>(),
+        ),
+        kv_array(
+            "tokenizer.ggml.scores",
+            6,
+            vocab,
+            &(0..vocab).flat_map(|i| (-(i as f32)).to_le_bytes()).collect::<Vec<_>>(),
+        ),
+        kv_array(
+            "tokenizer.ggml.token_type",
+            5,
+            vocab,
+            &[2i32, 3, 3, 1, 1, 1, 1, 1].iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<_>>(),
+        ),
         kv_u32("tokenizer.ggml.bos_token_id", 1),
         kv_u32("tokenizer.ggml.eos_token_id", 2),
     ];
     edit(&mut meta);
-    let mut tensors: Vec<(String, Vec<u64>)> = vec![("token_embd.weight".into(), vec![hidden, vocab]), ("output_norm.weight".into(), vec![hidden])];
+    let mut tensors: Vec<(String, Vec<u64>)> = vec![
+        ("token_embd.weight".into(), vec![hidden, vocab]),
+        ("output_norm.weight".into(), vec![hidden]),
+    ];
     for (n, shape) in [
         ("attn_norm", vec![hidden]),
         ("attn_q", vec![hidden, hidden]),
@@ -88,7 +106,9 @@ fn tiny_gguf(edit: impl FnOnce(&mut Vec<Kv>)) -> Vec<u8> {
         out.extend_from_slice(&0u32.to_le_bytes()); // F32
         out.extend_from_slice(&offset.to_le_bytes());
         let n: u64 = ne.iter().product();
-        data.extend((0..n).flat_map(|j| (((i as u64 * 31 + j) % 17) as f32 * 0.01 - 0.08).to_le_bytes()));
+        data.extend(
+            (0..n).flat_map(|j| (((i as u64 * 31 + j) % 17) as f32 * 0.01 - 0.08).to_le_bytes()),
+        );
         while data.len() % 32 != 0 {
             data.push(0);
         }
@@ -110,10 +130,18 @@ fn write(dir: &Path, bytes: &[u8]) -> std::path::PathBuf {
 fn import_err(bytes: &[u8]) -> String {
     let tmp = tempfile::tempdir().unwrap();
     let path = write(tmp.path(), bytes);
-    let opts = ImportOptions { name: Some("m".into()), quantize: Quantize::None, dtype: StoreDtype::F32, overwrite: false };
-    let e = import(&path, &tmp.path().join("models"), &opts).expect_err("a crafted GGUF imported").to_string();
+    let opts = ImportOptions {
+        name: Some("m".into()),
+        quantize: Quantize::None,
+        dtype: StoreDtype::F32,
+        overwrite: false,
+    };
+    let e = import(&path, &tmp.path().join("models"), &opts)
+        .expect_err("a crafted GGUF imported")
+        .to_string();
     assert!(e.contains("crafted.gguf"), "the error does not name the file: {e}");
-    let left: Vec<_> = std::fs::read_dir(tmp.path().join("models")).map(|d| d.collect()).unwrap_or_default();
+    let left: Vec<_> =
+        std::fs::read_dir(tmp.path().join("models")).map(|d| d.collect()).unwrap_or_default();
     assert!(left.is_empty(), "a failed import left {left:?}");
     e
 }
@@ -126,7 +154,12 @@ fn set(meta: &mut [Kv], key: &str, kv: Kv) {
 fn the_tiny_gguf_imports_and_loads() {
     let tmp = tempfile::tempdir().unwrap();
     let path = write(tmp.path(), &tiny_gguf(|_| {}));
-    let opts = ImportOptions { name: Some("tiny".into()), quantize: Quantize::None, dtype: StoreDtype::F32, overwrite: false };
+    let opts = ImportOptions {
+        name: Some("tiny".into()),
+        quantize: Quantize::None,
+        dtype: StoreDtype::F32,
+        overwrite: false,
+    };
     let dir = import(&path, &tmp.path().join("models"), &opts).unwrap();
     let model = perch_engine::load_model(&dir).unwrap();
     let ids = model.tokenizer.encode("a ab", false).unwrap();
@@ -157,18 +190,26 @@ fn crafted_headers_are_errors() {
         assert!(e.contains("general.alignment"), "{e}");
     }
     // A head count of 0 once divided by zero translating the config.
-    let e = import_err(&tiny_gguf(|m| set(m, "llama.attention.head_count", kv_u32("llama.attention.head_count", 0))));
+    let e = import_err(&tiny_gguf(|m| {
+        set(m, "llama.attention.head_count", kv_u32("llama.attention.head_count", 0))
+    }));
     assert!(e.contains("llama.attention.head_count") && e.contains("is 0"), "{e}");
-    let e = import_err(&tiny_gguf(|m| set(m, "llama.attention.head_count_kv", kv_u32("llama.attention.head_count_kv", 3))));
+    let e = import_err(&tiny_gguf(|m| {
+        set(m, "llama.attention.head_count_kv", kv_u32("llama.attention.head_count_kv", 3))
+    }));
     assert!(e.contains("head_count_kv"), "{e}");
     // A scores array shorter than the vocabulary once indexed out of bounds.
-    let e = import_err(&tiny_gguf(|m| set(m, "tokenizer.ggml.scores", kv_array("tokenizer.ggml.scores", 6, 2, &[0u8; 8]))));
+    let e = import_err(&tiny_gguf(|m| {
+        set(m, "tokenizer.ggml.scores", kv_array("tokenizer.ggml.scores", 6, 2, &[0u8; 8]))
+    }));
     assert!(e.contains("tokenizer.ggml.scores") && e.contains("2 entries"), "{e}");
     // An array claiming more items than the file holds.
     let e = import_err(&tiny_gguf(|m| m.push(kv_array("x.long", 4, 1 << 40, &[]))));
     assert!(e.contains("x.long"), "{e}");
     // A string longer than the file.
-    let e = import_err(&tiny_gguf(|m| m.push(Kv("x.s".into(), 8, (1u64 << 40).to_le_bytes().to_vec()))));
+    let e = import_err(&tiny_gguf(|m| {
+        m.push(Kv("x.s".into(), 8, (1u64 << 40).to_le_bytes().to_vec()))
+    }));
     assert!(e.contains("x.s"), "{e}");
 }
 
@@ -196,9 +237,14 @@ fn mutated_ggufs_never_panic() {
     // Bytes, and whole little-endian words set to extreme values (counts, lengths, offsets),
     // then maybe a cut.
     let edit = (any::<prop::sample::Index>(), any::<u8>(), 0usize..4);
-    let strategy = (prop::collection::vec(edit, 1..8), prop::option::of(any::<prop::sample::Index>()));
+    let strategy =
+        (prop::collection::vec(edit, 1..8), prop::option::of(any::<prop::sample::Index>()));
     let (imported, refused) = (Cell::new(0), Cell::new(0));
-    let mut runner = TestRunner::new(Config { cases: FUZZ_CASES, failure_persistence: None, ..Config::default() });
+    let mut runner = TestRunner::new(Config {
+        cases: FUZZ_CASES,
+        failure_persistence: None,
+        ..Config::default()
+    });
     runner
         .run(&strategy, |(edits, cut)| {
             let mut b = good.clone();
@@ -218,16 +264,28 @@ fn mutated_ggufs_never_panic() {
             let tmp = tempfile::tempdir().unwrap();
             let path = write(tmp.path(), &b);
             let _ = GgufFile::open(&path);
-            let opts = ImportOptions { name: Some("m".into()), quantize: Quantize::None, dtype: StoreDtype::F32, overwrite: false };
+            let opts = ImportOptions {
+                name: Some("m".into()),
+                quantize: Quantize::None,
+                dtype: StoreDtype::F32,
+                overwrite: false,
+            };
             match import(&path, &tmp.path().join("models"), &opts) {
                 Ok(_) => imported.set(imported.get() + 1),
                 Err(e) => {
                     refused.set(refused.get() + 1);
-                    prop_assert!(e.to_string().contains("crafted.gguf"), "an error that names no file: {e}");
+                    prop_assert!(
+                        e.to_string().contains("crafted.gguf"),
+                        "an error that names no file: {e}"
+                    );
                 }
             }
             Ok(())
         })
         .unwrap();
-    println!("{FUZZ_CASES} mutated GGUFs: {} imported, {} refused with an error, no panic", imported.get(), refused.get());
+    println!(
+        "{FUZZ_CASES} mutated GGUFs: {} imported, {} refused with an error, no panic",
+        imported.get(),
+        refused.get()
+    );
 }

@@ -10,7 +10,8 @@ use perch_engine::load_model;
 
 fn edit_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     let p = dir.join("config.json");
-    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
     edit(&mut cfg);
     std::fs::write(&p, cfg.to_string()).unwrap();
 }
@@ -27,7 +28,11 @@ fn unknown_architecture() {
     let (_t, dir) = copy_fixture("llama", "llama");
     edit_config(&dir, |c| c["model_type"] = "mamba9".into());
     let e = load_err(&dir);
-    assert!(e.contains("unsupported architecture `mamba9`") && e.contains("llama, qwen2, qwen3, gemma3_text"), "{e}");
+    assert!(
+        e.contains("unsupported architecture `mamba9`")
+            && e.contains("llama, qwen2, qwen3, gemma3_text"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -55,7 +60,10 @@ fn truncated_weights_name_file_and_tensor() {
     let bytes = std::fs::read(&file).unwrap();
     std::fs::write(&file, &bytes[..bytes.len() * 2 / 3]).unwrap();
     let e = load_err(&dir);
-    assert!(e.contains("model.safetensors") && e.contains("truncated") && e.contains("tensor `"), "{e}");
+    assert!(
+        e.contains("model.safetensors") && e.contains("truncated") && e.contains("tensor `"),
+        "{e}"
+    );
 
     std::fs::write(&file, &bytes[..5]).unwrap();
     let e = load_err(&dir);
@@ -67,7 +75,13 @@ fn shape_mismatch_names_the_tensor() {
     let (_t, dir) = copy_fixture("qwen3", "qwen3");
     edit_config(&dir, |c| c["intermediate_size"] = 96.into());
     let e = load_err(&dir);
-    assert!(e.contains("model.safetensors") && e.contains("mlp.gate_proj.weight") && e.contains("[128, 64]") && e.contains("[96, 64]"), "{e}");
+    assert!(
+        e.contains("model.safetensors")
+            && e.contains("mlp.gate_proj.weight")
+            && e.contains("[128, 64]")
+            && e.contains("[96, 64]"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -37,10 +37,13 @@ print(json.dumps(out))
 "#;
 
 fn peer_python() -> Option<PathBuf> {
-    let candidate = std::env::var_os("PERCH_PEER_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.deps/venv/bin/python"));
-    let ok = Command::new(&candidate).args(["-c", "import mlx_lm"]).output().is_ok_and(|o| o.status.success());
+    let candidate = std::env::var_os("PERCH_PEER_PYTHON").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.deps/venv/bin/python")
+    });
+    let ok = Command::new(&candidate)
+        .args(["-c", "import mlx_lm"])
+        .output()
+        .is_ok_and(|o| o.status.success());
     ok.then_some(candidate)
 }
 
@@ -78,16 +81,22 @@ fn perch_matches_mlx_lm_live() {
     for (name, g) in &goldens {
         let p = &peer[**name];
         let model = load_fixture(name);
-        let theirs: Vec<f32> = p["logits"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+        let theirs: Vec<f32> =
+            p["logits"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
         let err = relative_error(&forward_logits(&model, &g.prompt_ids), &theirs);
         println!("{name}: relative logit error vs live mlx-lm {err:.2e}");
         assert!(err <= 1e-3, "{name}: {err:.2e}");
-        let their_tokens: Vec<u32> = p["greedy"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let their_tokens: Vec<u32> =
+            p["greedy"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
         let params = GenerateParams { max_tokens: 32, ignore_eos: true, ..Default::default() };
         let ours = generate(&model, &g.prompt_ids, &params, None, |_| {}).unwrap().tokens;
         assert_eq!(ours, their_tokens, "{name}: greedy tokens differ from live mlx-lm");
         if let Some(chat) = p.get("chat").and_then(|c| c.as_str()) {
-            assert_eq!(model.tokenizer.apply_chat_template(&messages, true).unwrap(), chat, "{name}: chat template");
+            assert_eq!(
+                model.tokenizer.apply_chat_template(&messages, true).unwrap(),
+                chat,
+                "{name}: chat template"
+            );
         }
     }
 }

@@ -15,7 +15,15 @@ use serde_json::json;
 #[cfg(target_os = "linux")]
 fn rss_mb() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kb: f64 = status.lines().find(|l| l.starts_with("VmRSS")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    let kb: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS"))
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
     kb / 1024.0
 }
 
@@ -26,7 +34,15 @@ async fn restarting_the_engine_does_not_grow_memory() {
     let tmp = tempfile::tempdir().unwrap();
     import_gemma(&gguf, tmp.path(), perch_engine::gguf::import::StoreDtype::F32);
     let config = tmp.path().join("perch.toml");
-    let mut settings = Settings { models_dir: tmp.path().display().to_string(), default_model: "gemma-3-270m".into(), port: 0, warmup_profile: "off".into(), draft: "none".into(), scan_hf_cache: false, ..Settings::default() };
+    let mut settings = Settings {
+        models_dir: tmp.path().display().to_string(),
+        default_model: "gemma-3-270m".into(),
+        port: 0,
+        warmup_profile: "off".into(),
+        draft: "none".into(),
+        scan_hf_cache: false,
+        ..Settings::default()
+    };
     settings.save(&config).unwrap();
     let sup = Supervisor::start(&config, None).await.unwrap();
     let wait = |sup: &Supervisor, restarts: u64| {
@@ -41,18 +57,39 @@ async fn restarting_the_engine_does_not_grow_memory() {
     let url = sup.url();
     let chat = json!({"model": "gemma-3-270m", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4});
     let client = reqwest::Client::new();
-    assert_eq!(client.post(format!("{url}/v1/chat/completions")).json(&chat).send().await.unwrap().status(), 200);
+    assert_eq!(
+        client
+            .post(format!("{url}/v1/chat/completions"))
+            .json(&chat)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     let start = rss_mb();
     let mut after = vec![];
     for i in 1..=4u64 {
         settings.draft = if i % 2 == 1 { "lookup".into() } else { "none".into() };
         assert!(sup.save(settings.clone()).await.unwrap(), "a draft change restarts");
         assert!(wait(&sup, i), "{:?}", sup.status());
-        assert_eq!(client.post(format!("{url}/v1/chat/completions")).json(&chat).send().await.unwrap().status(), 200);
+        assert_eq!(
+            client
+                .post(format!("{url}/v1/chat/completions"))
+                .json(&chat)
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
         after.push(rss_mb());
     }
     println!("RSS after start: {start:.0} MB; after each of 4 restarts: {after:.0?} MB");
     let growth = after.last().unwrap() - start;
-    assert!(growth < 150.0, "the process grew {growth:.0} MB over 4 restarts ({start:.0} → {after:.0?} MB)");
+    assert!(
+        growth < 150.0,
+        "the process grew {growth:.0} MB over 4 restarts ({start:.0} → {after:.0?} MB)"
+    );
     sup.shutdown().await;
 }

@@ -21,7 +21,11 @@ struct FakeRungs {
 
 impl FakeRungs {
     fn new(step_ms: u64) -> Arc<FakeRungs> {
-        Arc::new(FakeRungs { step: Duration::from_millis(step_ms), log: Mutex::new(vec![]), chunks: AtomicUsize::new(0) })
+        Arc::new(FakeRungs {
+            step: Duration::from_millis(step_ms),
+            log: Mutex::new(vec![]),
+            chunks: AtomicUsize::new(0),
+        })
     }
 
     fn record(&self, what: String) {
@@ -34,7 +38,12 @@ impl FakeRungs {
 }
 
 impl RungWork for FakeRungs {
-    fn prefill_chunk(&self, rung: usize, start: usize, _len: usize) -> BoxFuture<'static, Result<()>> {
+    fn prefill_chunk(
+        &self,
+        rung: usize,
+        start: usize,
+        _len: usize,
+    ) -> BoxFuture<'static, Result<()>> {
         self.chunks.fetch_add(1, Ordering::SeqCst);
         self.record(format!("chunk {rung}@{start}"));
         let step = self.step;
@@ -68,14 +77,33 @@ struct Setup {
 
 /// Two rungs of two chunks each (chunk 100 tokens), 2 decode steps, `step_ms` per step.
 fn setup(grace: Duration, step_ms: u64) -> Setup {
-    let cfg = LadderConfig { rungs: vec![200, 400], chunk: 100, decode_tokens: 2, idle_grace: grace, max_interruptions: 3, enabled: true };
-    Setup { fg: Arc::new(Foreground::new()), gate: Arc::new(Gate::new(8)), leases: Leases::new(), work: FakeRungs::new(step_ms), ladder: WarmupLadder::new(cfg, "m", 4096) }
+    let cfg = LadderConfig {
+        rungs: vec![200, 400],
+        chunk: 100,
+        decode_tokens: 2,
+        idle_grace: grace,
+        max_interruptions: 3,
+        enabled: true,
+    };
+    Setup {
+        fg: Arc::new(Foreground::new()),
+        gate: Arc::new(Gate::new(8)),
+        leases: Leases::new(),
+        work: FakeRungs::new(step_ms),
+        ladder: WarmupLadder::new(cfg, "m", 4096),
+    }
 }
 
 impl Setup {
     fn start(&self) -> tokio::task::JoinHandle<()> {
         let work: Arc<dyn RungWork> = self.work.clone();
-        tokio::spawn(self.ladder.clone().run(work, "m".into(), self.fg.clone(), self.gate.clone(), self.leases.clone()))
+        tokio::spawn(self.ladder.clone().run(
+            work,
+            "m".into(),
+            self.fg.clone(),
+            self.gate.clone(),
+            self.leases.clone(),
+        ))
     }
 
     async fn settle(&self) {
@@ -89,7 +117,11 @@ impl Setup {
     /// Held: no rung has started (not even one that yielded at once).
     fn held(&self) {
         let st = self.ladder.status();
-        assert_eq!((self.chunks(), st.interruptions, st.state), (0, 0, LadderState::Waiting), "the ladder did not hold");
+        assert_eq!(
+            (self.chunks(), st.interruptions, st.state),
+            (0, 0, LadderState::Waiting),
+            "the ladder did not hold"
+        );
     }
 }
 
@@ -108,7 +140,10 @@ async fn a_genuinely_idle_fresh_engine_warms_every_rung_and_stamps_nothing() {
     assert_eq!(s.chunks(), 2 + 4);
     // Background work is invisible to the foreground figures.
     let fg = s.fg.snapshot();
-    assert_eq!((fg.requests_completed, fg.seconds_since_last_request, fg.seconds_since_last_arrival), (0, None, None));
+    assert_eq!(
+        (fg.requests_completed, fg.seconds_since_last_request, fg.seconds_since_last_arrival),
+        (0, None, None)
+    );
     assert_eq!(s.leases.total(), 0, "every rung's lease is released");
 }
 
@@ -177,7 +212,10 @@ async fn the_next_rung_does_not_park_for_the_grace_again() {
     assert!(first - t0 >= Duration::from_millis(300), "the first rung ignored the grace");
     let gap = second - end_first;
     println!("gap between rungs: {:.1} ms", gap.as_secs_f64() * 1e3);
-    assert!(gap < Duration::from_millis(150), "the second rung parked for {gap:?}: a rung stamped the foreground");
+    assert!(
+        gap < Duration::from_millis(150),
+        "the second rung parked for {gap:?}: a rung stamped the foreground"
+    );
 }
 
 #[tokio::test]
@@ -194,14 +232,21 @@ async fn a_running_rung_yields_within_one_chunk() {
     let permit = within(s.gate.acquire(Policy::WaitForTurn)).await.unwrap();
     let waited = arrived.elapsed();
     user.start();
-    println!("user waited {:.0} ms for a warming rung (one chunk = 40 ms)", waited.as_secs_f64() * 1e3);
+    println!(
+        "user waited {:.0} ms for a warming rung (one chunk = 40 ms)",
+        waited.as_secs_f64() * 1e3
+    );
     assert!(waited <= Duration::from_millis(40 + 30), "waited {waited:?}, more than one chunk");
     assert_eq!(s.chunks(), before, "a chunk started after the user arrived");
     assert_eq!(s.ladder.status().interruptions, 1);
     drop(permit);
     drop(user);
     within(run).await.unwrap();
-    assert_eq!(s.ladder.status().rungs_done, vec![200, 400], "the interrupted rung went back to the head of the queue");
+    assert_eq!(
+        s.ladder.status().rungs_done,
+        vec![200, 400],
+        "the interrupted rung went back to the head of the queue"
+    );
 }
 
 #[tokio::test]
@@ -230,6 +275,9 @@ async fn a_rung_interrupted_too_often_abandons_the_ladder() {
 fn rungs_past_the_context_are_dropped_and_profiles_parse() {
     let l = WarmupLadder::new(LadderConfig::profile("turbo").unwrap(), "m", 4000);
     assert_eq!(l.status().rungs_left, vec![512, 1024, 2048, 2560]);
-    assert_eq!(WarmupLadder::new(LadderConfig::profile("off").unwrap(), "m", 4000).status().state, LadderState::Disabled);
+    assert_eq!(
+        WarmupLadder::new(LadderConfig::profile("off").unwrap(), "m", 4000).status().state,
+        LadderState::Disabled
+    );
     assert!(LadderConfig::profile("warp").is_none());
 }

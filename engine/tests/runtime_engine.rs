@@ -33,7 +33,14 @@ fn params(max_tokens: usize) -> GenerateParams {
 async fn a_user_request_waits_at_most_one_warming_chunk() {
     let _serial = SERIAL.lock().await;
     // Long rungs in small chunks on the fixture, so a request surely lands mid-rung.
-    let ladder = LadderConfig { rungs: vec![1536, 1900], chunk: 128, decode_tokens: 4, idle_grace: Duration::ZERO, max_interruptions: 8, enabled: true };
+    let ladder = LadderConfig {
+        rungs: vec![1536, 1900],
+        chunk: 128,
+        decode_tokens: 4,
+        idle_grace: Duration::ZERO,
+        max_interruptions: 8,
+        enabled: true,
+    };
     let engine = Arc::new(Engine::start(config(ladder.clone())).unwrap());
     let prompt: Vec<u32> = golden("qwen3").prompt_ids;
     // Baseline on a quiet engine first (ladder not started yet), and the time of one chunk
@@ -62,11 +69,18 @@ async fn a_user_request_waits_at_most_one_warming_chunk() {
         st.interruptions
     );
     assert!(st.interruptions >= 1, "the request did not interrupt the rung");
-    assert!(busy <= quiet + chunk * 2 + Duration::from_millis(50), "TTFT {busy:?} vs quiet {quiet:?}: delayed by more than a chunk ({chunk:?})");
+    assert!(
+        busy <= quiet + chunk * 2 + Duration::from_millis(50),
+        "TTFT {busy:?} vs quiet {quiet:?}: delayed by more than a chunk ({chunk:?})"
+    );
     // The ladder resumes and finishes afterwards, and never counted as a user.
     let t = Instant::now();
     while engine.ladder_status().state != LadderState::Done {
-        assert!(t.elapsed() < Duration::from_secs(60), "ladder stuck: {:?}", engine.ladder_status());
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "ladder stuck: {:?}",
+            engine.ladder_status()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(engine.foreground.snapshot().requests_completed, 5);
@@ -113,7 +127,10 @@ async fn eviction_and_unload_wait_for_leases_and_the_drain_is_timed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alive_zero_unloads_after_each_request_and_reloads_on_demand() {
     let _serial = SERIAL.lock().await;
-    let cfg = EngineConfig { keep_alive: KeepAlive::UnloadWhenIdle, ..config(LadderConfig::profile("off").unwrap()) };
+    let cfg = EngineConfig {
+        keep_alive: KeepAlive::UnloadWhenIdle,
+        ..config(LadderConfig::profile("off").unwrap())
+    };
     let engine = Arc::new(Engine::start(cfg).unwrap());
     engine.start_background();
     let g = golden("qwen3");
@@ -133,7 +150,8 @@ async fn keep_alive_zero_unloads_after_each_request_and_reloads_on_demand() {
 async fn load_time_mtp_warmup_warms_or_leaves_it_to_the_first_request() {
     let _serial = SERIAL.lock().await;
     use perch_engine::runtime::warmup::WarmupOutcome;
-    let cfg = |ladder| EngineConfig { model: MTP_FIXTURE.into(), draft: "mtp".into(), ..config(ladder) };
+    let cfg =
+        |ladder| EngineConfig { model: MTP_FIXTURE.into(), draft: "mtp".into(), ..config(ladder) };
     let wait_for = |engine: Arc<Engine>| async move {
         let t = Instant::now();
         loop {
@@ -163,5 +181,8 @@ async fn load_time_mtp_warmup_warms_or_leaves_it_to_the_first_request() {
     let prompt = golden(MTP_FIXTURE).prompt_ids;
     let (g, _) = engine.user_request(MTP_FIXTURE, prompt, params(8)).await.unwrap();
     assert_eq!(g.draft.unwrap().mode, "mtp");
-    assert!(engine.resident_snapshot()[0].mtp_warm, "the first MTP request did not mark the model warm");
+    assert!(
+        engine.resident_snapshot()[0].mtp_warm,
+        "the first MTP request did not mark the model warm"
+    );
 }

@@ -21,7 +21,15 @@ fn fixtures_dir() -> std::path::PathBuf {
 
 async fn start_with(config: ServeConfig, max_queue: usize) -> Server {
     std::env::set_var("PERCH_DTYPE", "f32");
-    let engine = Engine::start(EngineConfig { models_dir: fixtures_dir(), model: "qwen3".into(), draft: "none".into(), max_queue, ladder: perch_engine::runtime::LadderConfig::profile("off").unwrap(), ..Default::default() }).unwrap();
+    let engine = Engine::start(EngineConfig {
+        models_dir: fixtures_dir(),
+        model: "qwen3".into(),
+        draft: "none".into(),
+        max_queue,
+        ladder: perch_engine::runtime::LadderConfig::profile("off").unwrap(),
+        ..Default::default()
+    })
+    .unwrap();
     Server::start(Arc::new(engine), ServeConfig { port: 0, ..config }).await.unwrap()
 }
 
@@ -58,22 +66,39 @@ async fn chat_matches_the_engine_and_streams_in_openai_shape() {
     let model = load_fixture("qwen3");
     let msgs = vec![ChatMessage { role: "user".into(), content: "Name a bird.".into() }];
     let ids = model.tokenizer.encode_chat(&msgs).unwrap();
-    let want = generate(&model, &ids, &GenerateParams { max_tokens: 12, ..Default::default() }, None, |_| {}).unwrap();
+    let want = generate(
+        &model,
+        &ids,
+        &GenerateParams { max_tokens: 12, ..Default::default() },
+        None,
+        |_| {},
+    )
+    .unwrap();
 
     let (status, body) = post(&s, "/v1/chat/completions", chat_body(json!({}))).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["object"], "chat.completion");
     assert_eq!(body["choices"][0]["message"]["content"], want.text.as_str());
     assert_eq!(body["choices"][0]["finish_reason"], "length");
-    assert_eq!(body["usage"], json!({"prompt_tokens": ids.len(), "completion_tokens": 12, "total_tokens": ids.len() + 12}));
+    assert_eq!(
+        body["usage"],
+        json!({"prompt_tokens": ids.len(), "completion_tokens": 12, "total_tokens": ids.len() + 12})
+    );
 
-    let r = client().post(format!("{}/v1/chat/completions", s.url())).json(&chat_body(json!({"stream": true, "stream_options": {"include_usage": true}}))).send().await.unwrap();
+    let r = client()
+        .post(format!("{}/v1/chat/completions", s.url()))
+        .json(&chat_body(json!({"stream": true, "stream_options": {"include_usage": true}})))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.headers()["content-type"], "text/event-stream");
     let events = sse_events(&r.text().await.unwrap());
     assert_eq!(events.last().unwrap(), "[DONE]");
-    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let chunks: Vec<Value> =
+        events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
-    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    let text: String =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
     assert_eq!(text, want.text);
     let finish = &chunks[chunks.len() - 2];
     assert_eq!(finish["choices"][0]["finish_reason"], "length");
@@ -86,7 +111,16 @@ async fn chat_matches_the_engine_and_streams_in_openai_shape() {
     assert_eq!(status, 200);
     let r = client().post(format!("{}/v1/completions", s.url())).json(&json!({"model": "qwen3", "prompt": "The quick brown fox", "max_tokens": 6, "temperature": 0, "stream": true})).send().await.unwrap();
     let events = sse_events(&r.text().await.unwrap());
-    let streamed: String = events.iter().filter(|e| *e != "[DONE]").map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"].as_str().unwrap_or("").to_string()).collect();
+    let streamed: String = events
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| {
+            serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect();
     assert_eq!(c["choices"][0]["text"].as_str().unwrap(), streamed);
     s.shutdown().await;
 }
@@ -97,7 +131,13 @@ async fn every_bad_input_gets_a_clear_error() {
     let raw = |body: &'static str| {
         let url = format!("{}/v1/chat/completions", s.url());
         async move {
-            let r = client().post(url).header("content-type", "application/json").body(body).send().await.unwrap();
+            let r = client()
+                .post(url)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
             (r.status().as_u16(), r.json::<Value>().await.unwrap())
         }
     };
@@ -119,12 +159,18 @@ async fn every_bad_input_gets_a_clear_error() {
         assert_eq!(st, 400, "{extra}: {b}");
         let e = &b["error"];
         assert_eq!(e["param"], param, "{extra}: {b}");
-        assert!(e["message"].as_str().unwrap().contains(param.split(['[', '.']).next().unwrap()), "{b}");
+        assert!(
+            e["message"].as_str().unwrap().contains(param.split(['[', '.']).next().unwrap()),
+            "{b}"
+        );
         assert_eq!(e["type"], "invalid_request_error");
     }
-    let (st, b) = post(&s, "/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}]})).await;
+    let (st, b) =
+        post(&s, "/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}]}))
+            .await;
     assert_eq!((st, b["error"]["param"].as_str()), (400, Some("model")));
-    let (st, b) = post(&s, "/v1/chat/completions", chat_body(json!({"model": "no-such-model"}))).await;
+    let (st, b) =
+        post(&s, "/v1/chat/completions", chat_body(json!({"model": "no-such-model"}))).await;
     assert_eq!((st, b["error"]["code"].as_str()), (404, Some("model_not_found")), "{b}");
     let (st, b) = post(&s, "/v1/chat/completions", chat_body(json!({"model": "../qwen3"}))).await;
     assert_eq!(st, 404, "paths are not model ids: {b}");
@@ -135,7 +181,8 @@ async fn every_bad_input_gets_a_clear_error() {
         assert_eq!((st, b["error"]["param"].as_str()), (400, Some("model")), "{b}");
     }
     // The fixture's context is 2048 tokens.
-    let (st, b) = post(&s, "/v1/completions", json!({"model": "qwen3", "prompt": vec![464; 3000]})).await;
+    let (st, b) =
+        post(&s, "/v1/completions", json!({"model": "qwen3", "prompt": vec![464; 3000]})).await;
     assert_eq!((st, b["error"]["code"].as_str()), (400, Some("context_length_exceeded")), "{b}");
     let msg = b["error"]["message"].as_str().unwrap();
     assert!(msg.contains("2048") && msg.contains("3000"), "{msg}");
@@ -152,8 +199,16 @@ async fn every_bad_input_gets_a_clear_error() {
     // The engine is still fine.
     let (st, _) = post(&s, "/v1/chat/completions", chat_body(json!({}))).await;
     assert_eq!(st, 200);
-    let h: Value = client().get(format!("{}/health", s.url())).send().await.unwrap().json().await.unwrap();
-    assert_eq!((h["foreground_active"].as_u64(), h["foreground_queued"].as_u64(), h["foreground_arriving"].as_u64()), (Some(0), Some(0), Some(0)));
+    let h: Value =
+        client().get(format!("{}/health", s.url())).send().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        (
+            h["foreground_active"].as_u64(),
+            h["foreground_queued"].as_u64(),
+            h["foreground_arriving"].as_u64()
+        ),
+        (Some(0), Some(0), Some(0))
+    );
     s.shutdown().await;
 }
 
@@ -161,7 +216,8 @@ async fn every_bad_input_gets_a_clear_error() {
 async fn health_reaches(url: &str, key: &str, what: &str) -> Duration {
     let since = Instant::now();
     loop {
-        let h: Value = client().get(format!("{url}/health")).send().await.unwrap().json().await.unwrap();
+        let h: Value =
+            client().get(format!("{url}/health")).send().await.unwrap().json().await.unwrap();
         if h[key] == 0 {
             return since.elapsed();
         }
@@ -180,23 +236,52 @@ async fn a_full_queue_answers_429_and_a_gone_client_frees_the_gate() {
     let s = start_with(ServeConfig::default(), 1).await;
     let url = s.url();
     // One generating (streaming, so we can hang up), one queued, the third turned away.
-    let running = client().post(format!("{url}/v1/completions")).json(&long_completion(true)).send().await.unwrap();
+    let running = client()
+        .post(format!("{url}/v1/completions"))
+        .json(&long_completion(true))
+        .send()
+        .await
+        .unwrap();
     let mut stream = running.bytes_stream();
     stream.next().await.unwrap().unwrap();
     let queued = tokio::spawn({
         let url = url.clone();
-        async move { client().post(format!("{url}/v1/completions")).json(&long_completion(false)).send().await.unwrap().status().as_u16() }
+        async move {
+            client()
+                .post(format!("{url}/v1/completions"))
+                .json(&long_completion(false))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let h: Value = client().get(format!("{url}/health")).send().await.unwrap().json().await.unwrap();
-    assert_eq!((h["foreground_active"].as_u64(), h["foreground_queued"].as_u64()), (Some(1), Some(1)), "{h}");
-    let r = client().post(format!("{url}/v1/completions")).json(&long_completion(false)).send().await.unwrap();
+    let h: Value =
+        client().get(format!("{url}/health")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        (h["foreground_active"].as_u64(), h["foreground_queued"].as_u64()),
+        (Some(1), Some(1)),
+        "{h}"
+    );
+    let r = client()
+        .post(format!("{url}/v1/completions"))
+        .json(&long_completion(false))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 429);
     assert_eq!(r.headers()["retry-after"], "1");
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "rate_limit_error");
     // Hang up on the running stream: its generation stops within a step, the queued one runs.
     drop(stream);
-    let took = health_reaches(&url, "foreground_queued", "the gate was not released after the client left").await;
+    let took = health_reaches(
+        &url,
+        "foreground_queued",
+        "the gate was not released after the client left",
+    )
+    .await;
     println!("gate handed over {:.0} ms after the hang-up", took.as_secs_f64() * 1e3);
     assert_eq!(queued.await.unwrap(), 200);
     s.shutdown().await;
@@ -208,16 +293,32 @@ async fn a_non_streaming_client_that_leaves_cancels_too() {
     let url = s.url();
     let req = tokio::spawn({
         let url = url.clone();
-        async move { client().post(format!("{url}/v1/completions")).json(&long_completion(false)).timeout(Duration::from_millis(300)).send().await }
+        async move {
+            client()
+                .post(format!("{url}/v1/completions"))
+                .json(&long_completion(false))
+                .timeout(Duration::from_millis(300))
+                .send()
+                .await
+        }
     });
     assert!(req.await.unwrap().is_err(), "the request should have timed out client-side");
-    health_reaches(&url, "foreground_active", "generation kept running after the client left").await;
+    health_reaches(&url, "foreground_active", "generation kept running after the client left")
+        .await;
     s.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn host_origin_and_key_guards() {
-    let s = start_with(ServeConfig { api_key: Some("sekrit".into()), allowed_origins: vec!["http://localhost:5173".into()], ..Default::default() }, 8).await;
+    let s = start_with(
+        ServeConfig {
+            api_key: Some("sekrit".into()),
+            allowed_origins: vec!["http://localhost:5173".into()],
+            ..Default::default()
+        },
+        8,
+    )
+    .await;
     let url = s.url();
     let get = |path: &str| client().get(format!("{url}{path}"));
     assert_eq!(get("/v1/models").send().await.unwrap().status().as_u16(), 401);
@@ -227,23 +328,63 @@ async fn host_origin_and_key_guards() {
     assert_eq!(ok.status().as_u16(), 200);
     assert!(ok.headers().get("access-control-allow-origin").is_none());
     // DNS rebinding: a page on evil.com resolving to 127.0.0.1 sends Host: evil.com.
-    let r = get("/v1/models").bearer_auth("sekrit").header("host", "evil.com:7342").send().await.unwrap();
+    let r = get("/v1/models")
+        .bearer_auth("sekrit")
+        .header("host", "evil.com:7342")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 403);
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "host_not_allowed");
     // CORS: a configured origin gets the header; any other origin is refused outright.
-    let r = get("/v1/models").bearer_auth("sekrit").header("origin", "http://localhost:5173").send().await.unwrap();
+    let r = get("/v1/models")
+        .bearer_auth("sekrit")
+        .header("origin", "http://localhost:5173")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.headers()["access-control-allow-origin"], "http://localhost:5173");
-    let r = client().post(format!("{url}/v1/completions")).header("origin", "https://evil.example").header("content-type", "text/plain").bearer_auth("sekrit").body(r#"{"model":"qwen3","prompt":"x"}"#).send().await.unwrap();
+    let r = client()
+        .post(format!("{url}/v1/completions"))
+        .header("origin", "https://evil.example")
+        .header("content-type", "text/plain")
+        .bearer_auth("sekrit")
+        .body(r#"{"model":"qwen3","prompt":"x"}"#)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status().as_u16(), 403);
     assert!(r.headers().get("access-control-allow-origin").is_none());
-    let pre = client().request(reqwest::Method::OPTIONS, format!("{url}/v1/chat/completions")).header("origin", "http://localhost:5173").header("access-control-request-method", "POST").send().await.unwrap();
+    let pre = client()
+        .request(reqwest::Method::OPTIONS, format!("{url}/v1/chat/completions"))
+        .header("origin", "http://localhost:5173")
+        .header("access-control-request-method", "POST")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(pre.status().as_u16(), 204);
-    assert!(pre.headers()["access-control-allow-headers"].to_str().unwrap().contains("authorization"));
+    assert!(pre.headers()["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .contains("authorization"));
     s.shutdown().await;
 
     // Anything but loopback needs a key.
-    let engine = Engine::start(EngineConfig { models_dir: fixtures_dir(), model: "qwen3".into(), draft: "none".into(), max_queue: 1, ..Default::default() }).unwrap();
-    let err = Server::start(Arc::new(engine), ServeConfig { host: "0.0.0.0".into(), port: 0, ..Default::default() }).await.err().unwrap();
+    let engine = Engine::start(EngineConfig {
+        models_dir: fixtures_dir(),
+        model: "qwen3".into(),
+        draft: "none".into(),
+        max_queue: 1,
+        ..Default::default()
+    })
+    .unwrap();
+    let err = Server::start(
+        Arc::new(engine),
+        ServeConfig { host: "0.0.0.0".into(), port: 0, ..Default::default() },
+    )
+    .await
+    .err()
+    .unwrap();
     assert!(matches!(err, ServeError::KeyRequired(_)), "{err}");
     assert!(err.to_string().contains("API key"));
 }
@@ -251,18 +392,44 @@ async fn host_origin_and_key_guards() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_metrics_and_the_request_log() {
     let logs = tempfile::tempdir().unwrap();
-    let s = start_with(ServeConfig { log_dir: Some(logs.path().to_path_buf()), ..Default::default() }, 8).await;
+    let s = start_with(
+        ServeConfig { log_dir: Some(logs.path().to_path_buf()), ..Default::default() },
+        8,
+    )
+    .await;
     let url = s.url();
-    let h: Value = client().get(format!("{url}/health")).send().await.unwrap().json().await.unwrap();
-    for key in ["foreground_active", "foreground_queued", "seconds_since_last_request", "requests_completed", "leases", "gate", "model", "mtp", "warmup_ladder", "memory", "uptime_s"] {
+    let h: Value =
+        client().get(format!("{url}/health")).send().await.unwrap().json().await.unwrap();
+    for key in [
+        "foreground_active",
+        "foreground_queued",
+        "seconds_since_last_request",
+        "requests_completed",
+        "leases",
+        "gate",
+        "model",
+        "mtp",
+        "warmup_ladder",
+        "memory",
+        "uptime_s",
+    ] {
         assert!(h.get(key).is_some(), "/health lacks {key}: {h}");
     }
-    assert_eq!((h["requests_completed"].as_u64(), h["seconds_since_last_request"].is_null()), (Some(0), true));
-    let (st, _) = post(&s, "/v1/chat/completions", chat_body(json!({"messages": [{"role": "user", "content": "SECRET-PROMPT"}]}))).await;
+    assert_eq!(
+        (h["requests_completed"].as_u64(), h["seconds_since_last_request"].is_null()),
+        (Some(0), true)
+    );
+    let (st, _) = post(
+        &s,
+        "/v1/chat/completions",
+        chat_body(json!({"messages": [{"role": "user", "content": "SECRET-PROMPT"}]})),
+    )
+    .await;
     assert_eq!(st, 200);
     let (st, _) = post(&s, "/v1/chat/completions", chat_body(json!({"temperature": 9}))).await;
     assert_eq!(st, 400);
-    let h: Value = client().get(format!("{url}/health")).send().await.unwrap().json().await.unwrap();
+    let h: Value =
+        client().get(format!("{url}/health")).send().await.unwrap().json().await.unwrap();
     assert_eq!(h["requests_completed"], 2);
     assert!(h["seconds_since_last_request"].as_f64().unwrap() < 5.0);
     let m = client().get(format!("{url}/metrics")).send().await.unwrap().text().await.unwrap();
@@ -280,8 +447,21 @@ async fn health_metrics_and_the_request_log() {
     let lines: Vec<Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.len(), 2, "{log}");
     let ok = &lines[0];
-    assert_eq!((ok["status"].as_u64(), ok["completion_tokens"].as_u64(), ok["finish_reason"].as_str()), (Some(200), Some(12), Some("length")));
-    for key in ["id", "model", "prompt_tokens", "cached_tokens", "ttft_s", "prefill_tok_s", "decode_tok_s", "draft", "error"] {
+    assert_eq!(
+        (ok["status"].as_u64(), ok["completion_tokens"].as_u64(), ok["finish_reason"].as_str()),
+        (Some(200), Some(12), Some("length"))
+    );
+    for key in [
+        "id",
+        "model",
+        "prompt_tokens",
+        "cached_tokens",
+        "ttft_s",
+        "prefill_tok_s",
+        "decode_tok_s",
+        "draft",
+        "error",
+    ] {
         assert!(ok.get(key).is_some(), "log line lacks {key}: {ok}");
     }
     assert!(!log.contains("SECRET-PROMPT"), "prompt text logged without being asked to");
@@ -292,7 +472,12 @@ async fn health_metrics_and_the_request_log() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logprobs_and_json_mode() {
     let s = start().await;
-    let (st, b) = post(&s, "/v1/chat/completions", chat_body(json!({"logprobs": true, "top_logprobs": 3, "max_tokens": 4}))).await;
+    let (st, b) = post(
+        &s,
+        "/v1/chat/completions",
+        chat_body(json!({"logprobs": true, "top_logprobs": 3, "max_tokens": 4})),
+    )
+    .await;
     assert_eq!(st, 200, "{b}");
     let content = b["choices"][0]["logprobs"]["content"].as_array().unwrap();
     assert_eq!(content.len(), 4);
@@ -304,12 +489,23 @@ async fn logprobs_and_json_mode() {
         assert!(t["logprob"].as_f64().unwrap() <= 0.0);
     }
     // Seeds reproduce.
-    let sampled = |seed: u64| chat_body(json!({"temperature": 1.5, "seed": seed, "max_tokens": 16}));
-    let a = post(&s, "/v1/chat/completions", sampled(5)).await.1["choices"][0]["message"]["content"].clone();
-    assert_eq!(a, post(&s, "/v1/chat/completions", sampled(5)).await.1["choices"][0]["message"]["content"]);
+    let sampled =
+        |seed: u64| chat_body(json!({"temperature": 1.5, "seed": seed, "max_tokens": 16}));
+    let a = post(&s, "/v1/chat/completions", sampled(5)).await.1["choices"][0]["message"]
+        ["content"]
+        .clone();
+    assert_eq!(
+        a,
+        post(&s, "/v1/chat/completions", sampled(5)).await.1["choices"][0]["message"]["content"]
+    );
     // JSON mode: whatever the model prefers, the output is a JSON object (or its valid start
     // when max_tokens cut it).
-    let (st, b) = post(&s, "/v1/chat/completions", chat_body(json!({"response_format": {"type": "json_object"}, "max_tokens": 200}))).await;
+    let (st, b) = post(
+        &s,
+        "/v1/chat/completions",
+        chat_body(json!({"response_format": {"type": "json_object"}, "max_tokens": 200})),
+    )
+    .await;
     assert_eq!(st, 200, "{b}");
     let text = b["choices"][0]["message"]["content"].as_str().unwrap();
     let mut check = perch_engine::decode::json_prefix::JsonPrefix::new();
@@ -323,7 +519,11 @@ async fn logprobs_and_json_mode() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_waits_for_short_requests_and_cancels_long_ones() {
-    let s = start_with(ServeConfig { shutdown_grace: Duration::from_millis(300), ..Default::default() }, 8).await;
+    let s = start_with(
+        ServeConfig { shutdown_grace: Duration::from_millis(300), ..Default::default() },
+        8,
+    )
+    .await;
     let url = s.url();
     let long = tokio::spawn({
         let url = url.clone();
@@ -338,14 +538,29 @@ async fn shutdown_waits_for_short_requests_and_cancels_long_ones() {
     println!("shutdown took {:.0} ms", t.elapsed().as_secs_f64() * 1e3);
     assert!(t.elapsed() < Duration::from_secs(3), "shutdown hung");
     let body = long.await.unwrap();
-    assert!(!body.contains("\"finish_reason\":\"length\""), "the long request ran to its end instead of being cancelled");
-    assert!(client().get(format!("{url}/health")).send().await.is_err(), "still accepting connections");
+    assert!(
+        !body.contains("\"finish_reason\":\"length\""),
+        "the long request ran to its end instead of being cancelled"
+    );
+    assert!(
+        client().get(format!("{url}/health")).send().await.is_err(),
+        "still accepting connections"
+    );
 
     // Within the grace period an in-flight request finishes normally.
-    let s = start_with(ServeConfig { shutdown_grace: Duration::from_secs(20), ..Default::default() }, 8).await;
+    let s = start_with(
+        ServeConfig { shutdown_grace: Duration::from_secs(20), ..Default::default() },
+        8,
+    )
+    .await;
     let url = s.url();
     let short = tokio::spawn(async move {
-        let r = client().post(format!("{url}/v1/completions")).json(&json!({"model": "qwen3", "prompt": "a", "max_tokens": 300, "temperature": 0})).send().await.unwrap();
+        let r = client()
+            .post(format!("{url}/v1/completions"))
+            .json(&json!({"model": "qwen3", "prompt": "a", "max_tokens": 300, "temperature": 0}))
+            .send()
+            .await
+            .unwrap();
         (r.status().as_u16(), r.json::<Value>().await.unwrap())
     });
     tokio::time::sleep(Duration::from_millis(100)).await;

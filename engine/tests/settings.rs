@@ -40,10 +40,18 @@ fn settings_text(models: &Path, extra: &str) -> String {
     )
 }
 
-async fn wait_for(sup: &Supervisor, what: &str, f: impl Fn(&perch_engine::supervisor::Status) -> bool) {
+async fn wait_for(
+    sup: &Supervisor,
+    what: &str,
+    f: impl Fn(&perch_engine::supervisor::Status) -> bool,
+) {
     let t = Instant::now();
     while !f(&sup.status()) {
-        assert!(t.elapsed() < Duration::from_secs(60), "timed out waiting for {what}: {:?}", sup.status());
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}: {:?}",
+            sup.status()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -66,7 +74,12 @@ async fn send(method: reqwest::Method, url: &str, body: Value) -> (u16, Value) {
 }
 
 async fn chat(url: &str) -> (u16, Value) {
-    send(reqwest::Method::POST, &format!("{url}/v1/chat/completions"), json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})).await
+    send(
+        reqwest::Method::POST,
+        &format!("{url}/v1/chat/completions"),
+        json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -80,7 +93,11 @@ async fn hand_edits_restart_the_engine_and_invalid_ones_keep_it_serving() {
     // A hand edit (plain write, as an editor would) is picked up and restarts the engine.
     std::fs::write(&s.config, settings_text(&s.models, "draft = \"lookup\"")).unwrap();
     wait_for(&sup, "the restart", |st| st.restarts == 1 && st.phase == Phase::Running).await;
-    assert_eq!(get(&format!("{url}/health")).await.1["draft"], "lookup", "the new engine runs the new settings");
+    assert_eq!(
+        get(&format!("{url}/health")).await.1["draft"],
+        "lookup",
+        "the new engine runs the new settings"
+    );
     assert_eq!(chat(&url).await.0, 200);
 
     // An invalid edit is reported and the old engine keeps serving.
@@ -94,16 +111,25 @@ async fn hand_edits_restart_the_engine_and_invalid_ones_keep_it_serving() {
     let (_, cfg) = get(&format!("{url}/api/config")).await;
     assert_eq!(cfg["error"]["field"], "draft", "{cfg}");
     let menu = sup.tray_menu();
-    assert!(menu.status_line.starts_with("Settings problem: `draft`"), "the tray says so too: {menu:?}");
+    assert!(
+        menu.status_line.starts_with("Settings problem: `draft`"),
+        "the tray says so too: {menu:?}"
+    );
 
     // Broken TOML too.
     std::fs::write(&s.config, "port = \n").unwrap();
-    wait_for(&sup, "the syntax error", |st| st.config_error.as_ref().is_some_and(|e| e.message.contains("TOML"))).await;
+    wait_for(&sup, "the syntax error", |st| {
+        st.config_error.as_ref().is_some_and(|e| e.message.contains("TOML"))
+    })
+    .await;
     assert_eq!(chat(&url).await.0, 200);
 
     // Fixed: the error clears; these settings differ from the running ones, so it restarts.
     std::fs::write(&s.config, settings_text(&s.models, "draft = \"none\"")).unwrap();
-    wait_for(&sup, "the fix", |st| st.config_error.is_none() && st.restarts == 2 && st.phase == Phase::Running).await;
+    wait_for(&sup, "the fix", |st| {
+        st.config_error.is_none() && st.restarts == 2 && st.phase == Phase::Running
+    })
+    .await;
     assert_eq!(get(&format!("{url}/health")).await.1["draft"], "none");
     sup.shutdown().await;
 }
@@ -114,7 +140,12 @@ async fn a_restart_lets_the_request_in_flight_finish_and_answers_others_with_a_c
     let sup = running(&s).await;
     let url = sup.url();
     let body = json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1500, "stream": true});
-    let resp = reqwest::Client::new().post(format!("{url}/v1/chat/completions")).json(&body).send().await.unwrap();
+    let resp = reqwest::Client::new()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     let mut stream = resp.bytes_stream();
     let first = stream.next().await.unwrap().unwrap();
@@ -122,21 +153,32 @@ async fn a_restart_lets_the_request_in_flight_finish_and_answers_others_with_a_c
     let reader = tokio::spawn(async move {
         let mut text = String::from_utf8_lossy(&first).into_owned();
         while let Some(chunk) = stream.next().await {
-            text.push_str(&String::from_utf8_lossy(&chunk.expect("the stream is not cut by the restart")));
+            text.push_str(&String::from_utf8_lossy(
+                &chunk.expect("the stream is not cut by the restart"),
+            ));
         }
         text
     });
     let saver = {
         let (sup, models) = (sup.clone(), s.models.clone());
         tokio::spawn(async move {
-            let mut new = perch_engine::config::Settings::parse(&settings_text(&models, "draft = \"lookup\""), Path::new("x")).unwrap();
+            let mut new = perch_engine::config::Settings::parse(
+                &settings_text(&models, "draft = \"lookup\""),
+                Path::new("x"),
+            )
+            .unwrap();
             new.port = 0;
             sup.save(new).await.unwrap()
         })
     };
     wait_for(&sup, "the restart to begin", |st| st.phase == Phase::Restarting).await;
     // While the old engine drains, new requests are told why, with Retry-After.
-    let r = reqwest::Client::new().post(format!("{url}/v1/chat/completions")).json(&json!({"model": "chat", "messages": [{"role": "user", "content": "x"}]})).send().await.unwrap();
+    let r = reqwest::Client::new()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&json!({"model": "chat", "messages": [{"role": "user", "content": "x"}]}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 503);
     assert_eq!(r.headers()["retry-after"], "1");
     let e: Value = r.json().await.unwrap();
@@ -147,12 +189,21 @@ async fn a_restart_lets_the_request_in_flight_finish_and_answers_others_with_a_c
     assert_eq!((code, st["phase"].as_str()), (200, Some("restarting")), "{st}");
     assert!(t.elapsed() < Duration::from_millis(500), "status took {:?}", t.elapsed());
     let text = reader.await.unwrap();
-    assert!(text.contains("\"finish_reason\":\"length\"") || text.contains("\"finish_reason\":\"stop\""), "the stream ran to its end: {}", &text[text.len().saturating_sub(300)..]);
+    assert!(
+        text.contains("\"finish_reason\":\"length\"")
+            || text.contains("\"finish_reason\":\"stop\""),
+        "the stream ran to its end: {}",
+        &text[text.len().saturating_sub(300)..]
+    );
     assert!(text.trim_end().ends_with("data: [DONE]"));
     assert!(saver.await.unwrap(), "the save restarted the engine");
     wait_for(&sup, "the new engine", |st| st.phase == Phase::Running && st.restarts == 1).await;
     assert_eq!(chat(&url).await.0, 200);
-    assert_eq!(get(&format!("{url}/health")).await.1["leases"]["total"], 0, "no lease leaked across the restart");
+    assert_eq!(
+        get(&format!("{url}/health")).await.1["leases"]["total"],
+        0,
+        "no lease leaked across the restart"
+    );
     sup.shutdown().await;
 }
 
@@ -194,40 +245,65 @@ async fn the_settings_api_checks_fields_and_applies_live_ones_without_a_restart(
     let b = chat(&url).await.1["choices"][0]["message"]["content"].clone();
     assert_eq!(a, b, "temperature 0 by default: the same answer twice");
     let line = sup.tray_menu().status_line;
-    assert!(line.starts_with("chat · ") && line.contains(" tok/s · ") && line.ends_with(" MB"), "model, last speed, memory: {line}");
+    assert!(
+        line.starts_with("chat · ") && line.contains(" tok/s · ") && line.ends_with(" MB"),
+        "model, last speed, memory: {line}"
+    );
     assert!(std::fs::read_to_string(&s.config).unwrap().contains("temperature = 0.0"));
 
     // Picking another model (the tray's picker) loads it without a restart.
-    let (code, r) = send(reqwest::Method::POST, &format!("{url}/api/models/select"), json!({"id": "mtp"})).await;
+    let (code, r) =
+        send(reqwest::Method::POST, &format!("{url}/api/models/select"), json!({"id": "mtp"}))
+            .await;
     assert_eq!(code, 200, "{r}");
     assert_eq!(sup.status().restarts, 0);
     let (_, h) = get(&format!("{url}/health")).await;
     assert_eq!(h["model"]["id"], "mtp", "{h}");
     // The tray: both models, the picked one checked; the status line names it.
     let menu = sup.tray_menu();
-    let checks: Vec<(&str, bool)> = menu.models.iter().map(|m| (m.id.as_str(), m.checked)).collect();
+    let checks: Vec<(&str, bool)> =
+        menu.models.iter().map(|m| (m.id.as_str(), m.checked)).collect();
     assert_eq!(checks, [("chat", false), ("mtp", true)], "{menu:?}");
     assert!(menu.status_line.starts_with("mtp"), "{menu:?}");
     assert_eq!(menu.api_url, format!("{url}/v1"));
-    let (code, e) = send(reqwest::Method::POST, &format!("{url}/api/models/select"), json!({"id": "nope"})).await;
+    let (code, e) =
+        send(reqwest::Method::POST, &format!("{url}/api/models/select"), json!({"id": "nope"}))
+            .await;
     assert_eq!((code, &e["error"]["param"]), (400, &json!("default_model")), "{e}");
 
     // Models: listed with size and format; the default cannot be deleted, another can.
     let (_, list) = get(&format!("{url}/api/models")).await;
-    let ids: Vec<&str> = list["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> =
+        list["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["chat", "mtp"]);
-    assert!(list["data"][0]["size_bytes"].as_u64().unwrap() > 100_000 && list["data"][0]["format"].is_string());
-    let (code, e) = send(reqwest::Method::DELETE, &format!("{url}/api/models/mtp"), json!({})).await;
+    assert!(
+        list["data"][0]["size_bytes"].as_u64().unwrap() > 100_000
+            && list["data"][0]["format"].is_string()
+    );
+    let (code, e) =
+        send(reqwest::Method::DELETE, &format!("{url}/api/models/mtp"), json!({})).await;
     assert_eq!((code, &e["error"]["code"]), (400, &json!("model_in_use")), "{e}");
     send(reqwest::Method::POST, &format!("{url}/api/models/select"), json!({"id": "chat"})).await;
-    let (code, _) = send(reqwest::Method::DELETE, &format!("{url}/api/models/mtp"), json!({})).await;
+    let (code, _) =
+        send(reqwest::Method::DELETE, &format!("{url}/api/models/mtp"), json!({})).await;
     assert_eq!(code, 200);
     assert!(!s.models.join("mtp").exists());
 
     // The control API sits behind the same guard as the engine's.
-    let r = reqwest::Client::new().get(format!("{url}/api/config")).header("Host", "evil.example").send().await.unwrap();
+    let r = reqwest::Client::new()
+        .get(format!("{url}/api/config"))
+        .header("Host", "evil.example")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 403);
-    let r = reqwest::Client::new().put(format!("{url}/api/config")).header("Origin", "https://evil.example").json(&live).send().await.unwrap();
+    let r = reqwest::Client::new()
+        .put(format!("{url}/api/config"))
+        .header("Origin", "https://evil.example")
+        .json(&live)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 403);
 
     // A new port: the listener moves, the old port closes.
@@ -238,7 +314,11 @@ async fn the_settings_api_checks_fields_and_applies_live_ones_without_a_restart(
     let (code, r) = send(reqwest::Method::PUT, &format!("{url}/api/config"), moved).await;
     assert_eq!(code, 200, "{r}");
     assert!(t.elapsed() < Duration::from_secs(5), "moving the port took {:?}", t.elapsed());
-    assert_eq!(r["status"]["url"], format!("http://127.0.0.1:{free}"), "the answer says where the engine went: {r}");
+    assert_eq!(
+        r["status"]["url"],
+        format!("http://127.0.0.1:{free}"),
+        "the answer says where the engine went: {r}"
+    );
     let new_url = format!("http://127.0.0.1:{free}");
     assert_eq!(sup.url(), new_url);
     assert_eq!(chat(&new_url).await.0, 200);
@@ -273,16 +353,37 @@ async fn a_gguf_imported_through_the_api_becomes_an_installed_model() {
     let s = setup();
     let sup = running(&s).await;
     let url = sup.url();
-    let (code, e) = send(reqwest::Method::POST, &format!("{url}/api/models/import"), json!({"path": "/nonexistent/model.gguf"})).await;
+    let (code, e) = send(
+        reqwest::Method::POST,
+        &format!("{url}/api/models/import"),
+        json!({"path": "/nonexistent/model.gguf"}),
+    )
+    .await;
     assert_eq!((code, &e["error"]["param"]), (400, &json!("path")), "{e}");
-    let (code, e) = send(reqwest::Method::POST, &format!("{url}/api/models/import"), json!({})).await;
+    let (code, e) =
+        send(reqwest::Method::POST, &format!("{url}/api/models/import"), json!({})).await;
     assert_eq!((code, &e["error"]["param"]), (400, &json!("path")), "{e}");
-    let (code, r) = send(reqwest::Method::POST, &format!("{url}/api/models/import"), json!({"path": gguf, "name": "gemma-imported"})).await;
+    let (code, r) = send(
+        reqwest::Method::POST,
+        &format!("{url}/api/models/import"),
+        json!({"path": gguf, "name": "gemma-imported"}),
+    )
+    .await;
     assert_eq!(code, 200, "{r}");
     assert_eq!(r["id"], "gemma-imported");
     let (_, list) = get(&format!("{url}/api/models")).await;
-    let m = list["data"].as_array().unwrap().iter().find(|m| m["id"] == "gemma-imported").cloned().expect("listed");
-    assert_eq!((m["architecture"].as_str(), m["source"].as_str()), (Some("gemma3_text"), Some("installed")), "{m}");
+    let m = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == "gemma-imported")
+        .cloned()
+        .expect("listed");
+    assert_eq!(
+        (m["architecture"].as_str(), m["source"].as_str()),
+        (Some("gemma3_text"), Some("installed")),
+        "{m}"
+    );
     assert!(m["size_bytes"].as_u64().unwrap() > 100_000_000, "{m}");
     sup.shutdown().await;
 }
@@ -290,17 +391,27 @@ async fn a_gguf_imported_through_the_api_becomes_an_installed_model() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_context_length_setting_caps_every_request() {
     let s = setup();
-    std::fs::write(&s.config, settings_text(&s.models, "draft = \"none\"\ncontext_length = 64")).unwrap();
+    std::fs::write(&s.config, settings_text(&s.models, "draft = \"none\"\ncontext_length = 64"))
+        .unwrap();
     let sup = running(&s).await;
     let url = sup.url();
     let long = "word ".repeat(100);
-    let (code, e) = send(reqwest::Method::POST, &format!("{url}/v1/chat/completions"), json!({"model": "chat", "messages": [{"role": "user", "content": long}]})).await;
+    let (code, e) = send(
+        reqwest::Method::POST,
+        &format!("{url}/v1/chat/completions"),
+        json!({"model": "chat", "messages": [{"role": "user", "content": long}]}),
+    )
+    .await;
     assert_eq!((code, &e["error"]["code"]), (400, &json!("context_length_exceeded")), "{e}");
-    assert!(e["error"]["message"].as_str().unwrap().contains("maximum context length is 64 tokens"), "{e}");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains("maximum context length is 64 tokens"),
+        "{e}"
+    );
     // A short prompt may only fill what is left of the 64 tokens.
     let (code, r) = send(reqwest::Method::POST, &format!("{url}/v1/chat/completions"), json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 500})).await;
     assert_eq!(code, 200, "{r}");
-    let used = r["usage"]["prompt_tokens"].as_u64().unwrap() + r["usage"]["completion_tokens"].as_u64().unwrap();
+    let used = r["usage"]["prompt_tokens"].as_u64().unwrap()
+        + r["usage"]["completion_tokens"].as_u64().unwrap();
     assert!(used <= 64, "{r}");
     sup.shutdown().await;
 }
@@ -308,17 +419,27 @@ async fn the_context_length_setting_caps_every_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_key_is_never_dropped_shown_or_cleared_by_omission() {
     let s = setup();
-    let with_key = |extra: &str| settings_text(&s.models, &format!("api_key = \"sekrit\"\n{extra}"));
-    let authed = |m: reqwest::Method, url: String| reqwest::Client::new().request(m, url).bearer_auth("sekrit");
+    let with_key =
+        |extra: &str| settings_text(&s.models, &format!("api_key = \"sekrit\"\n{extra}"));
+    let authed = |m: reqwest::Method, url: String| {
+        reqwest::Client::new().request(m, url).bearer_auth("sekrit")
+    };
 
     // A file that fails its checks at start (its default model was deleted) once fell back to
     // the defaults, which have no key: the control API answered anyone.
-    std::fs::write(&s.config, with_key("").replace("default_model = \"chat\"", "default_model = \"deleted\"")).unwrap();
+    std::fs::write(
+        &s.config,
+        with_key("").replace("default_model = \"chat\"", "default_model = \"deleted\""),
+    )
+    .unwrap();
     let sup = Supervisor::start(&s.config, None).await.unwrap();
     assert_eq!(sup.status().phase, Phase::Failed);
     let url = sup.url();
     assert_eq!(get(&format!("{url}/api/status")).await.0, 401, "served without the file's key");
-    assert_eq!(authed(reqwest::Method::GET, format!("{url}/api/status")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        authed(reqwest::Method::GET, format!("{url}/api/status")).send().await.unwrap().status(),
+        200
+    );
     sup.shutdown().await;
 
     // Running with a key: GET shows whether one is set, never the key itself.
@@ -326,24 +447,49 @@ async fn the_api_key_is_never_dropped_shown_or_cleared_by_omission() {
     let sup = Supervisor::start(&s.config, None).await.unwrap();
     wait_for(&sup, "the engine to run", |st| st.phase == Phase::Running).await;
     let url = sup.url();
-    let cfg: Value = authed(reqwest::Method::GET, format!("{url}/api/config")).send().await.unwrap().json().await.unwrap();
-    assert_eq!((&cfg["api_key_set"], &cfg["settings"]["api_key"]), (&json!(true), &json!("")), "{cfg}");
+    let cfg: Value = authed(reqwest::Method::GET, format!("{url}/api/config"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (&cfg["api_key_set"], &cfg["settings"]["api_key"]),
+        (&json!(true), &json!("")),
+        "{cfg}"
+    );
     assert!(!cfg.to_string().contains("sekrit"), "{cfg}");
 
     // A body naming one field changes that field; the key, models directory and the rest stay.
     // (An empty key is what the settings page sends when its password field is left empty.)
     for body in [json!({"draft": "lookup"}), json!({"draft": "lookup", "api_key": ""})] {
-        let r = authed(reqwest::Method::PUT, format!("{url}/api/config")).json(&body).send().await.unwrap();
+        let r = authed(reqwest::Method::PUT, format!("{url}/api/config"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
         let file = perch_engine::config::Settings::load(&s.config).unwrap();
-        assert_eq!((file.api_key.as_str(), file.draft.as_str(), file.models_dir.as_str()), ("sekrit", "lookup", s.models.to_str().unwrap()));
+        assert_eq!(
+            (file.api_key.as_str(), file.draft.as_str(), file.models_dir.as_str()),
+            ("sekrit", "lookup", s.models.to_str().unwrap())
+        );
         assert_eq!(file.default_model, "chat");
     }
     wait_for(&sup, "the restart", |st| st.phase == Phase::Running).await;
-    assert_eq!(get(&format!("{}/api/config", sup.url())).await.0, 401, "still guarded after the change");
+    assert_eq!(
+        get(&format!("{}/api/config", sup.url())).await.0,
+        401,
+        "still guarded after the change"
+    );
     // A typo is still refused by name, and the file is left alone.
     let before = std::fs::read(&s.config).unwrap();
-    let r = authed(reqwest::Method::PUT, format!("{}/api/config", sup.url())).json(&json!({"drfat": "none"})).send().await.unwrap();
+    let r = authed(reqwest::Method::PUT, format!("{}/api/config", sup.url()))
+        .json(&json!({"drfat": "none"}))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
     assert_eq!(std::fs::read(&s.config).unwrap(), before);
     sup.shutdown().await;

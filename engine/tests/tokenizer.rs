@@ -76,7 +76,8 @@ fn eos_ids_come_from_config_and_tokenizer() {
 fn with_template(template: &str) -> (tempfile::TempDir, perch_engine::LoadedModel) {
     let (tmp, dir) = copy_fixture("qwen3", "hostile");
     let cfg = dir.join("tokenizer_config.json");
-    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
     v["chat_template"] = template.into();
     std::fs::write(&cfg, v.to_string()).unwrap();
     let model = perch_engine::load_model(&dir).unwrap();
@@ -87,7 +88,9 @@ fn with_template(template: &str) -> (tempfile::TempDir, perch_engine::LoadedMode
 fn a_hostile_chat_template_is_an_error_not_a_hang() {
     let hi = [ChatMessage { role: "user".into(), content: "hi".into() }];
     // Two nested range(100000) loops once froze the whole server while memory grew.
-    let (_t, m) = with_template("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}");
+    let (_t, m) = with_template(
+        "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+    );
     let t = std::time::Instant::now();
     let e = m.tokenizer.apply_chat_template(&hi, true).unwrap_err().to_string();
     assert!(e.contains("budget"), "{e}");

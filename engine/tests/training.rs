@@ -12,17 +12,18 @@ use std::time::{Duration, Instant};
 use common::*;
 use mlx_rs::transforms::value_and_grad_with_argnums;
 use mlx_rs::Array;
+use perch_engine::model::lora::{Lora, LoraSpec};
 use perch_engine::runtime::{Engine, EngineConfig};
 use perch_engine::server::{ServeConfig, Server};
 use perch_engine::tokenizer::ChatMessage;
 use perch_engine::train::data::{samples, Example, TrainData};
-use perch_engine::model::lora::{Lora, LoraSpec};
 use perch_engine::train::trainer::masked_loss;
 use serde_json::{json, Value};
 
 /// A cycle of the qwen3-mtp fixture's words: a pattern its own language never makes.
 fn pattern_text(words: usize) -> String {
-    let cycle = ["baga", "dase", "fagi", "gaso", "kagu", "lasa", "mage", "nasi", "pago", "rasu", "saga"];
+    let cycle =
+        ["baga", "dase", "fagi", "gaso", "kagu", "lasa", "mage", "nasi", "pago", "rasu", "saga"];
     (0..words).map(|i| cycle[i % cycle.len()]).collect::<Vec<_>>().join(" ")
 }
 
@@ -31,34 +32,67 @@ fn lora_gradients_match_finite_differences() {
     std::env::set_var("PERCH_DTYPE", "f32");
     let model = load_fixture("qwen3");
     let dims = model.net.projection_dims();
-    let spec = LoraSpec { rank: 2, alpha: 4.0, targets: vec!["q_proj".into(), "v_proj".into(), "down_proj".into()], layers: Some(2) };
+    let spec = LoraSpec {
+        rank: 2,
+        alpha: 4.0,
+        targets: vec!["q_proj".into(), "v_proj".into(), "down_proj".into()],
+        layers: Some(2),
+    };
     let slots = spec.slots(&dims).unwrap();
     // Both factors random, so every parameter has a gradient.
-    let params: Vec<Array> = Lora::init_params(&spec, &dims, &slots, 1).unwrap().into_iter().enumerate()
-        .map(|(i, p)| if i % 2 == 1 { mlx_rs::random::normal::<f32>(p.shape(), 0.0, 0.05, None).unwrap() } else { p })
+    let params: Vec<Array> = Lora::init_params(&spec, &dims, &slots, 1)
+        .unwrap()
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            if i % 2 == 1 {
+                mlx_rs::random::normal::<f32>(p.shape(), 0.0, 0.05, None).unwrap()
+            } else {
+                p
+            }
+        })
         .collect();
-    let ids: Vec<i32> = model.tokenizer.encode("The quick brown fox jumps over the lazy dog again and again", true).unwrap().iter().map(|&t| t as i32).collect();
+    let ids: Vec<i32> = model
+        .tokenizer
+        .encode("The quick brown fox jumps over the lazy dog again and again", true)
+        .unwrap()
+        .iter()
+        .map(|&t| t as i32)
+        .collect();
     let l = ids.len() as i32 - 1;
     let inputs = Array::from_slice(&ids[..ids.len() - 1], &[1, l]);
     let targets = Array::from_slice(&ids[1..], &[1, l]);
-    let mask = Array::from_slice(&(0..l).map(|i| if i >= 2 { 1.0f32 } else { 0.0 }).collect::<Vec<_>>(), &[1, l]);
+    let mask = Array::from_slice(
+        &(0..l).map(|i| if i >= 2 { 1.0f32 } else { 0.0 }).collect::<Vec<_>>(),
+        &[1, l],
+    );
     let loss_at = |p: &[Array]| -> f32 {
         let lora = Lora::from_params(&spec, &dims, &slots, p);
-        masked_loss(model.net.as_ref(), Some(&lora), &inputs, &targets, &mask).unwrap().item_cast::<f32>()
+        masked_loss(model.net.as_ref(), Some(&lora), &inputs, &targets, &mask)
+            .unwrap()
+            .item_cast::<f32>()
     };
     let f = |p: &[Array]| -> Result<Vec<Array>, mlx_rs::error::Exception> {
         let lora = Lora::from_params(&spec, &dims, &slots, p);
-        Ok(vec![masked_loss(model.net.as_ref(), Some(&lora), &inputs, &targets, &mask).map_err(|e| mlx_rs::error::Exception::custom(e.to_string()))?])
+        Ok(vec![masked_loss(model.net.as_ref(), Some(&lora), &inputs, &targets, &mask)
+            .map_err(|e| mlx_rs::error::Exception::custom(e.to_string()))?])
     };
     let argnums: Vec<i32> = (0..params.len() as i32).collect();
     let (value, grads) = value_and_grad_with_argnums(f, &argnums[..])(&params).unwrap();
     assert!((value[0].item_cast::<f32>() - loss_at(&params)).abs() < 1e-5);
     // The directional derivative along the gradient is its squared norm: check it with a
     // central difference.
-    let norm2: f32 = grads.iter().map(|g| g.square().unwrap().sum(None).unwrap().item_cast::<f32>()).sum();
+    let norm2: f32 =
+        grads.iter().map(|g| g.square().unwrap().sum(None).unwrap().item_cast::<f32>()).sum();
     assert!(norm2 > 1e-8, "the gradient vanished: {norm2}");
     let eps = 1e-2 / norm2.sqrt();
-    let step = |sign: f32| -> Vec<Array> { params.iter().zip(&grads).map(|(p, g)| p.add(g.multiply(Array::from_f32(sign * eps)).unwrap()).unwrap()).collect() };
+    let step = |sign: f32| -> Vec<Array> {
+        params
+            .iter()
+            .zip(&grads)
+            .map(|(p, g)| p.add(g.multiply(Array::from_f32(sign * eps)).unwrap()).unwrap())
+            .collect()
+    };
     let numeric = (loss_at(&step(1.0)) - loss_at(&step(-1.0))) / (2.0 * eps);
     let rel = (numeric - norm2).abs() / norm2;
     assert!(rel < 0.02, "autodiff {norm2} vs finite differences {numeric} (rel {rel})");
@@ -76,7 +110,10 @@ fn lora_gradients_match_finite_differences() {
     };
     let h = 1e-2;
     let numeric_k = (loss_at(&bump(h)) - loss_at(&bump(-h))) / (2.0 * h);
-    assert!((numeric_k - g_k).abs() < 2e-3 + 0.02 * g_k.abs(), "∂L/∂B[{k}]: autodiff {g_k} vs finite differences {numeric_k}");
+    assert!(
+        (numeric_k - g_k).abs() < 2e-3 + 0.02 * g_k.abs(),
+        "∂L/∂B[{k}]: autodiff {g_k} vs finite differences {numeric_k}"
+    );
 }
 
 use mlx_rs::ops::indexing::IndexOp;
@@ -85,14 +122,27 @@ use mlx_rs::ops::indexing::IndexOp;
 fn chat_examples_train_only_on_the_assistant_turns() {
     let model = load_fixture("qwen3");
     let tok = &model.tokenizer;
-    let msg = |role: &str, content: &str| ChatMessage { role: role.into(), content: content.into() };
-    let example = Example { messages: vec![msg("system", "Be brief."), msg("user", "Name a bird."), msg("assistant", "A wren."), msg("user", "Another?"), msg("assistant", "A robin.")] };
+    let msg =
+        |role: &str, content: &str| ChatMessage { role: role.into(), content: content.into() };
+    let example = Example {
+        messages: vec![
+            msg("system", "Be brief."),
+            msg("user", "Name a bird."),
+            msg("assistant", "A wren."),
+            msg("user", "Another?"),
+            msg("assistant", "A robin."),
+        ],
+    };
     let s = samples(tok, &TrainData::Examples(vec![example.clone()]), 512).unwrap();
     assert_eq!(s.len(), 1);
-    let trained: Vec<u32> = s[0].tokens.iter().zip(&s[0].loss).filter(|(_, l)| **l).map(|(t, _)| *t).collect();
+    let trained: Vec<u32> =
+        s[0].tokens.iter().zip(&s[0].loss).filter(|(_, l)| **l).map(|(t, _)| *t).collect();
     let text = tok.decode(&trained).unwrap();
     assert!(text.contains("A wren.") && text.contains("A robin."), "{text:?}");
-    assert!(!text.contains("bird") && !text.contains("Another") && !text.contains("brief"), "user/system text carries loss: {text:?}");
+    assert!(
+        !text.contains("bird") && !text.contains("Another") && !text.contains("brief"),
+        "user/system text carries loss: {text:?}"
+    );
     // The whole conversation is there, as the template renders it.
     let all = tok.decode(&s[0].tokens).unwrap();
     assert!(all.contains("Name a bird.") && all.contains("Be brief."), "{all:?}");
@@ -106,7 +156,14 @@ fn chat_examples_train_only_on_the_assistant_turns() {
 
 async fn serve(models: &std::path::Path, model: &str) -> Server {
     std::env::set_var("PERCH_DTYPE", "f32");
-    let engine = Engine::start(EngineConfig { models_dir: models.to_path_buf(), model: model.into(), draft: "none".into(), ladder: perch_engine::runtime::LadderConfig::profile("off").unwrap(), ..Default::default() }).unwrap();
+    let engine = Engine::start(EngineConfig {
+        models_dir: models.to_path_buf(),
+        model: model.into(),
+        draft: "none".into(),
+        ladder: perch_engine::runtime::LadderConfig::profile("off").unwrap(),
+        ..Default::default()
+    })
+    .unwrap();
     let engine = Arc::new(engine);
     engine.start_background();
     Server::start(engine, ServeConfig { port: 0, ..Default::default() }).await.unwrap()
@@ -137,7 +194,13 @@ async fn wait_for_end(s: &Server, within: Duration) -> Value {
 }
 
 async fn complete(s: &Server, model: &str, prompt: &str, n: usize) -> (u16, Value) {
-    call(s, "POST", "/v1/completions", Some(json!({"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0}))).await
+    call(
+        s,
+        "POST",
+        "/v1/completions",
+        Some(json!({"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0})),
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,7 +227,10 @@ async fn a_run_lowers_held_out_loss_and_its_adapter_serves() {
     let epochs = st["epochs"].as_array().unwrap();
     assert_eq!(epochs.len(), 4, "baseline + 3 epochs: {st}");
     let eval = |i: usize| epochs[i]["eval_loss"].as_f64().unwrap();
-    assert!(eval(3) < 0.5 * eval(0), "held-out loss should fall well below the untrained model's: {epochs:?}");
+    assert!(
+        eval(3) < 0.5 * eval(0),
+        "held-out loss should fall well below the untrained model's: {epochs:?}"
+    );
     assert!(st["steps"].as_u64().unwrap() > 0 && st["train_tokens_per_s"].as_f64().unwrap() > 0.0);
     assert!(!st["loss_curve"].as_array().unwrap().is_empty());
     assert!(models.path().join(".adapters/qwen3-mtp/cycle/adapters.safetensors").is_file());
@@ -172,20 +238,28 @@ async fn a_run_lowers_held_out_loss_and_its_adapter_serves() {
 
     // Served as `model+adapter`, listed, and continuing the trained cycle.
     let (_, list) = call(&s, "GET", "/v1/models", None).await;
-    assert!(list["data"].as_array().unwrap().iter().any(|m| m["id"] == "qwen3-mtp+cycle"), "{list}");
+    assert!(
+        list["data"].as_array().unwrap().iter().any(|m| m["id"] == "qwen3-mtp+cycle"),
+        "{list}"
+    );
     let (code, tuned) = complete(&s, "qwen3-mtp+cycle", prompt, 12).await;
     assert_eq!(code, 200, "{tuned}");
     assert_eq!(tuned["model"], "qwen3-mtp+cycle");
     let text = tuned["choices"][0]["text"].as_str().unwrap().trim().to_string();
     let want = pattern_text(16)[prompt.len() + 1..].to_string();
     let agree = text.split(' ').zip(want.split(' ')).take_while(|(a, b)| a == b).count();
-    assert!(agree >= 6, "the adapted model should continue the cycle: got {text:?}, cycle {want:?}");
+    assert!(
+        agree >= 6,
+        "the adapted model should continue the cycle: got {text:?}, cycle {want:?}"
+    );
     // The base model is untouched by the adapter.
     let (_, base_after) = complete(&s, "qwen3-mtp", prompt, 12).await;
     assert_eq!(base_after["choices"][0]["text"], base_before["choices"][0]["text"]);
     assert_ne!(base_after["choices"][0]["text"], tuned["choices"][0]["text"]);
     // The same name is not overwritten; an unknown adapter is a 404.
-    let (code, e) = call(&s, "POST", "/train", Some(json!({"adapter": "cycle", "text": pattern_text(100)}))).await;
+    let (code, e) =
+        call(&s, "POST", "/train", Some(json!({"adapter": "cycle", "text": pattern_text(100)})))
+            .await;
     assert_eq!((code, e["error"]["param"].as_str()), (400, Some("adapter")), "{e}");
     let (code, _) = complete(&s, "qwen3-mtp+nope", prompt, 4).await;
     assert_eq!(code, 404);
@@ -204,7 +278,10 @@ async fn bad_training_requests_name_their_field() {
     let s = serve(models.path(), "qwen3-mtp").await;
     let cases = [
         (json!({"text": "baga dase", "rank": -1}), "rank"),
-        (json!({"text": "baga dase", "share_ppm": 500000, "max_slowdown_ppm": 100000}), "max_slowdown_ppm"),
+        (
+            json!({"text": "baga dase", "share_ppm": 500000, "max_slowdown_ppm": 100000}),
+            "max_slowdown_ppm",
+        ),
         (json!({"text": ""}), "text"),
         (json!({"examples": []}), "examples"),
         (json!({}), "text"),
@@ -253,7 +330,15 @@ async fn user_turns_during_a_run_get_a_receipt_and_control_works() {
     assert!(st["windows"].as_u64().unwrap() > 0, "{st}");
     assert!(st["decode_tps_clean"].as_f64().is_some(), "{st}");
     assert!(st["window_s_max"].as_f64().unwrap() >= st["window_s_p50"].as_f64().unwrap());
-    for key in ["turn_tps_clean", "turn_slowdown_ppm_p50", "turn_slowdown_ppm_p95", "turn_slowdown_ppm_max", "turns_unmeasured", "yielded_s", "realised_slowdown_ppm"] {
+    for key in [
+        "turn_tps_clean",
+        "turn_slowdown_ppm_p50",
+        "turn_slowdown_ppm_p95",
+        "turn_slowdown_ppm_max",
+        "turns_unmeasured",
+        "yielded_s",
+        "realised_slowdown_ppm",
+    ] {
         assert!(st.get(key).is_some(), "status lacks {key}: {st}");
     }
     // The bound: windows' share of the time, discounted by what decoding kept doing during

@@ -60,9 +60,17 @@ async fn the_ui_chats_stops_remembers_and_restarts_the_engine_in_chromium() {
     let artifacts = root().join("target/test-artifacts/ui");
     let url = sup.url();
     let script = root().join("tests/ui/browser.mjs");
-    let out = tokio::task::spawn_blocking(move || Command::new("node").arg(script).arg(url).arg(&config).arg(&artifacts).output()).await.unwrap().expect("node (scripts/setup-ui installs it)");
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("node").arg(script).arg(url).arg(&config).arg(&artifacts).output()
+    })
+    .await
+    .unwrap()
+    .expect("node (scripts/setup-ui installs it)");
     println!("{}", String::from_utf8_lossy(&out.stdout));
     eprintln!("{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "the browser checks failed (screenshot: target/test-artifacts/ui/failure.png)");
+    assert!(
+        out.status.success(),
+        "the browser checks failed (screenshot: target/test-artifacts/ui/failure.png)"
+    );
     sup.shutdown().await;
 }

@@ -26,18 +26,23 @@ fn vectors(name: &str) -> Vec<(String, Vec<u32>)> {
     if inputs.last() == Some(&"") {
         inputs.pop();
     }
-    let outputs: Vec<Vec<u32>> = out
-        .lines()
-        .map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect())
-        .collect();
-    assert_eq!(inputs.len(), outputs.len(), "{name}: .inp and .out disagree on the number of cases");
+    let outputs: Vec<Vec<u32>> =
+        out.lines().map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect()).collect();
+    assert_eq!(
+        inputs.len(),
+        outputs.len(),
+        "{name}: .inp and .out disagree on the number of cases"
+    );
     inputs.into_iter().map(String::from).zip(outputs).collect()
 }
 
 #[test]
 fn every_llama_cpp_vector_matches() {
     if !vocab_dir().join("ggml-vocab-gpt-2.gguf").exists() {
-        assert!(std::env::var_os("CI").is_none(), "CI must unpack the vocab vectors (scripts/setup-peers)");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must unpack the vocab vectors (scripts/setup-peers)"
+        );
         eprintln!("SKIPPED: llama.cpp vocab vectors not found in {}", vocab_dir().display());
         return;
     }
@@ -54,11 +59,18 @@ fn every_llama_cpp_vector_matches() {
             total += 1;
             let got = tok.encode(text.as_str(), false).unwrap().get_ids().to_vec();
             if got != expected {
-                failures.push(format!("{name}: {text:?}\n  llama.cpp {expected:?}\n  perch     {got:?}"));
+                failures.push(format!(
+                    "{name}: {text:?}\n  llama.cpp {expected:?}\n  perch     {got:?}"
+                ));
             }
         }
         println!("{name}: checked");
     }
     println!("{total} vectors, {} failed", failures.len());
-    assert!(failures.is_empty(), "{} of {total} vectors differ:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {total} vectors differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

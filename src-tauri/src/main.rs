@@ -46,8 +46,16 @@ fn show_window(app: &AppHandle, label: &str) {
     let sup = &app.state::<Shell>().sup;
     let hash = if label == "settings" { "#settings" } else { "#chat" };
     let Ok(url) = format!("{}/{hash}", sup.url()).parse() else { return };
-    let (title, w, h) = if label == "settings" { ("Perch Settings", 640.0, 720.0) } else { ("Perch", 900.0, 640.0) };
-    if let Err(e) = WebviewWindowBuilder::new(app, label, WebviewUrl::External(url)).title(title).inner_size(w, h).build() {
+    let (title, w, h) = if label == "settings" {
+        ("Perch Settings", 640.0, 720.0)
+    } else {
+        ("Perch", 900.0, 640.0)
+    };
+    if let Err(e) = WebviewWindowBuilder::new(app, label, WebviewUrl::External(url))
+        .title(title)
+        .inner_size(w, h)
+        .build()
+    {
         tracing::error!("cannot open the {label} window: {e}");
     }
 }
@@ -78,15 +86,34 @@ fn refresh_tray(app: &AppHandle) {
         menu.append(&status)?;
         menu.append(&PredefinedMenuItem::separator(app)?)?;
         for m in &model.models {
-            menu.append(&CheckMenuItem::with_id(app, format!("model:{}", m.id), &m.label, true, m.checked, None::<&str>)?)?;
+            menu.append(&CheckMenuItem::with_id(
+                app,
+                format!("model:{}", m.id),
+                &m.label,
+                true,
+                m.checked,
+                None::<&str>,
+            )?)?;
         }
         if model.models.is_empty() {
-            menu.append(&MenuItem::with_id(app, "no-models", "No models installed", false, None::<&str>)?)?;
+            menu.append(&MenuItem::with_id(
+                app,
+                "no-models",
+                "No models installed",
+                false,
+                None::<&str>,
+            )?)?;
         }
         menu.append(&PredefinedMenuItem::separator(app)?)?;
         menu.append(&MenuItem::with_id(app, "chat", "Open Chat", true, None::<&str>)?)?;
         menu.append(&MenuItem::with_id(app, "settings", "Settings…", true, None::<&str>)?)?;
-        menu.append(&MenuItem::with_id(app, "copy-url", format!("Copy API URL ({})", model.api_url), true, None::<&str>)?)?;
+        menu.append(&MenuItem::with_id(
+            app,
+            "copy-url",
+            format!("Copy API URL ({})", model.api_url),
+            true,
+            None::<&str>,
+        )?)?;
         menu.append(&PredefinedMenuItem::separator(app)?)?;
         menu.append(&MenuItem::with_id(app, "quit", "Quit Perch", true, None::<&str>)?)?;
         Ok((menu, status))
@@ -97,7 +124,8 @@ fn refresh_tray(app: &AppHandle) {
                 return tracing::warn!("tray menu: {e}");
             }
             let _ = tray.set_tooltip(Some(format!("Perch — {}", model.status_line)));
-            *shown = ShownMenu { structure, status_line: model.status_line, status_item: Some(status) };
+            *shown =
+                ShownMenu { structure, status_line: model.status_line, status_item: Some(status) };
         }
         (Err(e), _) => tracing::warn!("tray menu: {e}"),
         (Ok(_), None) => {}
@@ -126,7 +154,12 @@ fn on_menu(app: &AppHandle, id: &str) {
                     if let Err(e) = sup.select_model(&model).await {
                         tracing::warn!("cannot select {model}: {e}");
                     }
-                    app.state::<Shell>().shown.lock().unwrap_or_else(|e| e.into_inner()).structure.clear();
+                    app.state::<Shell>()
+                        .shown
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .structure
+                        .clear();
                 });
             }
         }
@@ -167,20 +200,34 @@ fn apply_autostart(app: &AppHandle, settings: Option<&Settings>) {
 }
 
 fn main() {
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into())).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
     let app = tauri::Builder::default()
         .plugin(tauri_plugin_single_instance::init(|app, _args, _cwd| show_window(app, "chat")))
-        .plugin(tauri_plugin_autostart::init(tauri_plugin_autostart::MacosLauncher::LaunchAgent, None))
+        .plugin(tauri_plugin_autostart::init(
+            tauri_plugin_autostart::MacosLauncher::LaunchAgent,
+            None,
+        ))
         .plugin(tauri_plugin_clipboard_manager::init())
         .setup(|app| {
             // A menu-bar app: no Dock icon.
             #[cfg(target_os = "macos")]
             app.set_activation_policy(tauri::ActivationPolicy::Accessory);
             let path = Settings::default_path();
-            let sup = tauri::async_runtime::block_on(Supervisor::start(&path, Some(perch_engine::paths::log_dir())))?;
+            let sup = tauri::async_runtime::block_on(Supervisor::start(
+                &path,
+                Some(perch_engine::paths::log_dir()),
+            ))?;
             sup.watch()?;
             tracing::info!(config = %path.display(), url = %sup.url(), "Perch started");
-            app.manage(Shell { sup, shown: Mutex::new(ShownMenu::default()), autostart: Mutex::new(None) });
+            app.manage(Shell {
+                sup,
+                shown: Mutex::new(ShownMenu::default()),
+                autostart: Mutex::new(None),
+            });
             let handle = app.handle().clone();
             app.on_menu_event(move |app, event| on_menu(app, event.id().as_ref()));
             if let Some(tray) = app.tray_by_id(TRAY_ID) {

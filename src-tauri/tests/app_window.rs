@@ -77,14 +77,28 @@ fn the_desktop_app_opens_its_chat_window_and_answers() {
     let driver = std::env::var("TAURI_DRIVER").unwrap_or_else(|_| {
         let home = std::env::var("HOME").unwrap_or_default();
         let installed = PathBuf::from(home).join(".cargo/bin/tauri-driver");
-        if installed.exists() { installed.display().to_string() } else { "tauri-driver".into() }
+        if installed.exists() {
+            installed.display().to_string()
+        } else {
+            "tauri-driver".into()
+        }
     });
     std::env::set_var("TAURI_DRIVER", driver);
-    let out = sandbox.run(&["node", &arg(&root().join("tests/ui/app.mjs")), &arg(&app), &arg(&root().join("target/test-artifacts/app"))]);
+    let out = sandbox.run(&[
+        "node",
+        &arg(&root().join("tests/ui/app.mjs")),
+        &arg(&app),
+        &arg(&root().join("target/test-artifacts/app")),
+    ]);
     assert!(out.status.success(), "the desktop app check failed");
     // `launch_at_login = true` in the settings: the app registered itself (XDG autostart).
-    let autostart: Vec<_> = std::fs::read_dir(sandbox.tmp.path().join("home/.config/autostart")).map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect()).unwrap_or_default();
-    assert!(autostart.iter().any(|p| p.extension().is_some_and(|e| e == "desktop")), "no autostart entry: {autostart:?}");
+    let autostart: Vec<_> = std::fs::read_dir(sandbox.tmp.path().join("home/.config/autostart"))
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(
+        autostart.iter().any(|p| p.extension().is_some_and(|e| e == "desktop")),
+        "no autostart entry: {autostart:?}"
+    );
 }
 
 #[cfg(target_os = "linux")]
@@ -93,6 +107,12 @@ fn the_menu_bar_icon_opens_its_menu_picks_a_model_and_quits() {
     let app = PathBuf::from(env!("CARGO_BIN_EXE_perch-app"));
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let sandbox = Sandbox::new(&["chat", "mtp"], &format!("port = {port}"));
-    let out = sandbox.run(&["python3", &arg(&root().join("tests/ui/tray.py")), &arg(&app), &port.to_string(), &arg(&root().join("target/test-artifacts/app"))]);
+    let out = sandbox.run(&[
+        "python3",
+        &arg(&root().join("tests/ui/tray.py")),
+        &arg(&app),
+        &port.to_string(),
+        &arg(&root().join("target/test-artifacts/app")),
+    ]);
     assert!(out.status.success(), "the tray check failed (screens in target/test-artifacts/app/)");
 }

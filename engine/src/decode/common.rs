@@ -46,7 +46,17 @@ pub struct AdapterRef {
 
 impl Default for GenerateParams {
     fn default() -> Self {
-        GenerateParams { max_tokens: 256, sampling: SamplingParams::default(), stop: vec![], prefill_chunk: 512, ignore_eos: false, draft: DraftMode::None, logprobs: None, json_mode: false, adapter: None }
+        GenerateParams {
+            max_tokens: 256,
+            sampling: SamplingParams::default(),
+            stop: vec![],
+            prefill_chunk: 512,
+            ignore_eos: false,
+            draft: DraftMode::None,
+            logprobs: None,
+            json_mode: false,
+            adapter: None,
+        }
     }
 }
 
@@ -142,7 +152,11 @@ impl DraftMode {
 
     /// `none`, `lookup`, `mtp` or `mtp:DEPTH`, `auto` (for the command line and the config).
     pub fn parse(s: &str, model: &LoadedModel) -> Result<DraftMode> {
-        let bad = || EngineError::InvalidRequest(format!("draft mode `{s}`: expected none, lookup, mtp, mtp:DEPTH or auto"));
+        let bad = || {
+            EngineError::InvalidRequest(format!(
+                "draft mode `{s}`: expected none, lookup, mtp, mtp:DEPTH or auto"
+            ))
+        };
         Ok(match s {
             "none" => DraftMode::None,
             "lookup" => DraftMode::lookup(),
@@ -159,7 +173,9 @@ impl DraftMode {
         let bad = |m: String| Err(EngineError::InvalidRequest(m));
         match *self {
             DraftMode::None => Ok(()),
-            DraftMode::Mtp { .. } if model.mtp.is_none() => bad(format!("model `{}` has no MTP head; use prompt lookup", model.id)),
+            DraftMode::Mtp { .. } if model.mtp.is_none() => {
+                bad(format!("model `{}` has no MTP head; use prompt lookup", model.id))
+            }
             DraftMode::Mtp { depth } if !(1..=MAX_MTP_DEPTH).contains(&depth) => {
                 bad(format!("MTP draft depth must be 1 to {MAX_MTP_DEPTH}, not {depth}"))
             }
@@ -212,7 +228,8 @@ impl DraftStats {
             self.bonus_tokens += 1;
         }
         let total: usize = self.drafted_by_depth.iter().sum();
-        self.acceptance_rate = self.accepted_by_depth.iter().sum::<usize>() as f64 / total.max(1) as f64;
+        self.acceptance_rate =
+            self.accepted_by_depth.iter().sum::<usize>() as f64 / total.max(1) as f64;
     }
 }
 /// One generation's inputs, as every decoding loop takes them.
@@ -245,7 +262,13 @@ pub(crate) fn begin(req: &Request<'_>) -> Result<Begin> {
 
 /// Prefill `ids` in chunks, evaluating only the caches (the logits of these positions are
 /// never needed, so MLX never computes them). False if cancelled first.
-pub(crate) fn prefill(model: &LoadedModel, ids: &[u32], chunk: usize, caches: &mut [KvCache], cancel: Option<&AtomicBool>) -> Result<bool> {
+pub(crate) fn prefill(
+    model: &LoadedModel,
+    ids: &[u32],
+    chunk: usize,
+    caches: &mut [KvCache],
+    cancel: Option<&AtomicBool>,
+) -> Result<bool> {
     for chunk in ids.chunks(chunk.max(1)) {
         if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
             return Ok(false);
@@ -257,7 +280,11 @@ pub(crate) fn prefill(model: &LoadedModel, ids: &[u32], chunk: usize, caches: &m
 }
 
 /// Checks every decoding mode shares; returns the number of tokens that may be generated.
-pub(crate) fn check_request(model: &LoadedModel, prompt: &[u32], params: &GenerateParams) -> Result<usize> {
+pub(crate) fn check_request(
+    model: &LoadedModel,
+    prompt: &[u32],
+    params: &GenerateParams,
+) -> Result<usize> {
     if prompt.is_empty() {
         return Err(EngineError::InvalidRequest("the prompt is empty".into()));
     }
@@ -299,7 +326,13 @@ pub(crate) struct Output<'a> {
 }
 
 impl<'a> Output<'a> {
-    pub fn new(model: &'a LoadedModel, params: &GenerateParams, max_tokens: usize, cancel: Option<&'a AtomicBool>, on_piece: &'a mut dyn FnMut(&str, &[TokenLogprob])) -> Self {
+    pub fn new(
+        model: &'a LoadedModel,
+        params: &GenerateParams,
+        max_tokens: usize,
+        cancel: Option<&'a AtomicBool>,
+        on_piece: &'a mut dyn FnMut(&str, &[TokenLogprob]),
+    ) -> Self {
         Output {
             model,
             ignore_eos: params.ignore_eos,
@@ -370,7 +403,12 @@ impl<'a> Output<'a> {
         Ok(false)
     }
 
-    pub fn finish(mut self, prompt_tokens: usize, start: Instant, draft: Option<DraftStats>) -> Result<Generation> {
+    pub fn finish(
+        mut self,
+        prompt_tokens: usize,
+        start: Instant,
+        draft: Option<DraftStats>,
+    ) -> Result<Generation> {
         if !self.stops.hit {
             let tail = self.decoder.flush(&self.model.tokenizer)?;
             let (ready, _) = self.stops.push(&tail);
@@ -423,7 +461,11 @@ pub struct StopMatcher {
 
 impl StopMatcher {
     pub fn new(stops: &[String]) -> StopMatcher {
-        StopMatcher { stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(), pending: String::new(), hit: false }
+        StopMatcher {
+            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            pending: String::new(),
+            hit: false,
+        }
     }
 
     /// Add text; returns what is safe to emit and whether a stop string was found (text from
@@ -460,7 +502,10 @@ impl StopMatcher {
                 if len <= best {
                     break;
                 }
-                if p.is_char_boundary(p.len() - len) && stop.is_char_boundary(len) && p.ends_with(&stop[..len]) {
+                if p.is_char_boundary(p.len() - len)
+                    && stop.is_char_boundary(len)
+                    && p.ends_with(&stop[..len])
+                {
                     best = len;
                     break;
                 }
@@ -520,4 +565,3 @@ mod tests {
         assert_eq!(feed(&["é!"], &["caf", "é", "?"]), ("café?".into(), false));
     }
 }
-

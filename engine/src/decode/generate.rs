@@ -7,14 +7,20 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::async_eval;
 use mlx_rs::Array;
 
-use super::common::{begin, cancelled_early, host_u32, prefill, token_array, Begin, DraftMode, GenerateParams, Generation, Output, Request, TokenLogprob};
+use super::common::{
+    begin, cancelled_early, host_u32, prefill, token_array, Begin, DraftMode, GenerateParams,
+    Generation, Output, Request, TokenLogprob,
+};
 use super::kv_cache::KvCache;
 use crate::error::Result;
 use crate::model::LoadedModel;
 
 /// Plain decoding, with the next step queued (async_eval) while the host reads the current
 /// token.
-fn generate_plain(req: Request<'_>, on_piece: &mut dyn FnMut(&str, &[TokenLogprob])) -> Result<Generation> {
+fn generate_plain(
+    req: Request<'_>,
+    on_piece: &mut dyn FnMut(&str, &[TokenLogprob]),
+) -> Result<Generation> {
     let Begin { max_tokens, start, mut sampler, mut caches } = begin(&req)?;
     let Request { model, prompt, params, cancel } = req;
 

@@ -3,19 +3,24 @@
 //! the generation when the object is complete. No pipelining here: each step's choice needs
 //! the host.
 
-
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::eval;
 
-use crate::error::{EngineError, Result};
-use super::common::{begin, cancelled_early, host_u32, prefill, token_array, Begin, Generation, Output, Request, TokenLogprob, TopLogprob};
+use super::common::{
+    begin, cancelled_early, host_u32, prefill, token_array, Begin, Generation, Output, Request,
+    TokenLogprob, TopLogprob,
+};
 use super::json_prefix::JsonPrefix;
+use crate::error::{EngineError, Result};
 use crate::model::LoadedModel;
 
 /// Candidates checked against the JSON grammar before falling back to the whole vocabulary.
 const JSON_CANDIDATES: usize = 64;
 
-pub(crate) fn generate(req: Request<'_>, on_piece: &mut dyn FnMut(&str, &[TokenLogprob])) -> Result<Generation> {
+pub(crate) fn generate(
+    req: Request<'_>,
+    on_piece: &mut dyn FnMut(&str, &[TokenLogprob]),
+) -> Result<Generation> {
     let Begin { max_tokens, start, mut sampler, mut caches } = begin(&req)?;
     let Request { model, prompt, params, cancel } = req;
     if !prefill(model, &prompt[..prompt.len() - 1], params.prefill_chunk, &mut caches, cancel)? {
@@ -23,17 +28,33 @@ pub(crate) fn generate(req: Request<'_>, on_piece: &mut dyn FnMut(&str, &[TokenL
     }
     let mut json = params.json_mode.then(JsonPrefix::new);
     let texts = if params.json_mode { Some(model.token_texts()?) } else { None };
-    let mut rng = HostRng::new(params.sampling.seed.unwrap_or_else(|| start.elapsed().as_nanos() as u64 ^ 0x9E37_79B9_7F4A_7C15));
+    let mut rng = HostRng::new(
+        params
+            .sampling
+            .seed
+            .unwrap_or_else(|| start.elapsed().as_nanos() as u64 ^ 0x9E37_79B9_7F4A_7C15),
+    );
     let mut out = Output::new(model, params, max_tokens, cancel, on_piece);
     let mut input = prompt[prompt.len() - 1];
     loop {
-        let logits = model.forward(&token_array(&[input]), &mut caches)?.index((.., -1, ..)).as_dtype(mlx_rs::Dtype::Float32)?;
+        let logits = model
+            .forward(&token_array(&[input]), &mut caches)?
+            .index((.., -1, ..))
+            .as_dtype(mlx_rs::Dtype::Float32)?;
         let id = match (&json, &texts) {
             (Some(j), Some(texts)) => {
                 let scores = sampler.penalised(&logits, None)?;
-                let scores = if sampler.is_greedy() { scores } else { sampler.filtered(&scores)? };
+                let scores =
+                    if sampler.is_greedy() { scores } else { sampler.filtered(&scores)? };
                 scores.eval()?;
-                let id = choose_json(scores.as_slice::<f32>(), j, texts, model, sampler.is_greedy(), &mut rng)?;
+                let id = choose_json(
+                    scores.as_slice::<f32>(),
+                    j,
+                    texts,
+                    model,
+                    sampler.is_greedy(),
+                    &mut rng,
+                )?;
                 sampler.observe_ids(&[id])?;
                 id
             }
@@ -70,7 +91,9 @@ fn token_logprob(model: &LoadedModel, logits: &[f32], id: u32, top: usize) -> Re
     let mut order: Vec<u32> = (0..logits.len() as u32).collect();
     let top = top.min(order.len());
     if top > 0 {
-        order.select_nth_unstable_by(top - 1, |a, b| logits[*b as usize].total_cmp(&logits[*a as usize]));
+        order.select_nth_unstable_by(top - 1, |a, b| {
+            logits[*b as usize].total_cmp(&logits[*a as usize])
+        });
         order.truncate(top);
         order.sort_by(|a, b| logits[*b as usize].total_cmp(&logits[*a as usize]));
     }
@@ -78,13 +101,24 @@ fn token_logprob(model: &LoadedModel, logits: &[f32], id: u32, top: usize) -> Re
         token: id,
         text: text(id)?,
         logprob: logits[id as usize] - lse,
-        top: order.into_iter().take(top).map(|t| Ok(TopLogprob { token: t, text: text(t)?, logprob: logits[t as usize] - lse })).collect::<Result<_>>()?,
+        top: order
+            .into_iter()
+            .take(top)
+            .map(|t| Ok(TopLogprob { token: t, text: text(t)?, logprob: logits[t as usize] - lse }))
+            .collect::<Result<_>>()?,
     })
 }
 
 /// The best (greedy) or a sampled token among those the JSON grammar allows next. `scores`
 /// are the logits plain sampling would draw from (-inf where filtered out).
-fn choose_json(scores: &[f32], json: &JsonPrefix, texts: &[String], model: &LoadedModel, greedy: bool, rng: &mut HostRng) -> Result<u32> {
+fn choose_json(
+    scores: &[f32],
+    json: &JsonPrefix,
+    texts: &[String],
+    model: &LoadedModel,
+    greedy: bool,
+    rng: &mut HostRng,
+) -> Result<u32> {
     let allowed = |id: u32| {
         let t = &texts[id as usize];
         if t.is_empty() || model.tokenizer.is_eos(id) {
@@ -93,7 +127,8 @@ fn choose_json(scores: &[f32], json: &JsonPrefix, texts: &[String], model: &Load
         let mut j = json.clone();
         j.push_str(t)
     };
-    let mut order: Vec<u32> = (0..scores.len() as u32).filter(|&i| scores[i as usize].is_finite()).collect();
+    let mut order: Vec<u32> =
+        (0..scores.len() as u32).filter(|&i| scores[i as usize].is_finite()).collect();
     let by_score = |a: &u32, b: &u32| scores[*b as usize].total_cmp(&scores[*a as usize]);
     // The few best usually include an allowed token; sort everything only when they do not.
     let k = JSON_CANDIDATES.min(order.len());
@@ -109,7 +144,8 @@ fn choose_json(scores: &[f32], json: &JsonPrefix, texts: &[String], model: &Load
         }
         // Sampling restricted to the allowed tokens: renormalise their probabilities.
         let max = ok.iter().map(|&i| scores[i as usize]).fold(f32::NEG_INFINITY, f32::max);
-        let weights: Vec<f64> = ok.iter().map(|&i| ((scores[i as usize] - max) as f64).exp()).collect();
+        let weights: Vec<f64> =
+            ok.iter().map(|&i| ((scores[i as usize] - max) as f64).exp()).collect();
         let total: f64 = weights.iter().sum();
         let mut u = rng.next_f64() * total;
         for (i, w) in ok.iter().zip(&weights) {
@@ -131,7 +167,11 @@ fn choose_json(scores: &[f32], json: &JsonPrefix, texts: &[String], model: &Load
     // The filters left nothing the grammar allows: fall back to the whole vocabulary.
     let mut all: Vec<u32> = (0..scores.len() as u32).collect();
     all.retain(|&i| allowed(i));
-    all.first().copied().ok_or_else(|| EngineError::InvalidRequest("JSON mode: no token of this vocabulary can continue the JSON".into()))
+    all.first().copied().ok_or_else(|| {
+        EngineError::InvalidRequest(
+            "JSON mode: no token of this vocabulary can continue the JSON".into(),
+        )
+    })
 }
 
 /// splitmix64: the host-side random stream for JSON mode's restricted sampling.
@@ -150,4 +190,3 @@ impl HostRng {
         ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
     }
 }
-

@@ -33,9 +33,16 @@ enum State {
     ValueOrEnd,
     /// After a value inside a container: `,` or the closer.
     After,
-    Str { key: bool, escape: bool, hex: u8 },
+    Str {
+        key: bool,
+        escape: bool,
+        hex: u8,
+    },
     Number(Num),
-    Literal { word: &'static [u8], at: u8 },
+    Literal {
+        word: &'static [u8],
+        at: u8,
+    },
     Done,
 }
 
@@ -145,7 +152,10 @@ impl JsonPrefix {
             State::Start => ws || (c == '{' && self.open(Container::Object)),
             State::Done => ws,
             State::Value => ws || self.begin_value(c),
-            State::ValueOrEnd => ws || (c == ']' && self.close(Container::Array)) || (c != ']' && self.begin_value(c)),
+            State::ValueOrEnd => {
+                ws || (c == ']' && self.close(Container::Array))
+                    || (c != ']' && self.begin_value(c))
+            }
             State::KeyOrEnd | State::Key => {
                 if ws {
                     return true;
@@ -288,7 +298,24 @@ mod tests {
 
     #[test]
     fn invalid_continuations_are_refused() {
-        for s in ["[1]", "\"x\"", "1", "{a", "{\"a\" 1", "{\"a\":}", "{\"a\":1,}", "{\"a\":01}", "{\"a\":1.}", "{\"a\":tru}", "{\"a\":[1 2]}", "{\"a\":\"\\x\"}", "{\"a\":\"\n\"}", "{}}", "{]", "{\"a\":-}"] {
+        for s in [
+            "[1]",
+            "\"x\"",
+            "1",
+            "{a",
+            "{\"a\" 1",
+            "{\"a\":}",
+            "{\"a\":1,}",
+            "{\"a\":01}",
+            "{\"a\":1.}",
+            "{\"a\":tru}",
+            "{\"a\":[1 2]}",
+            "{\"a\":\"\\x\"}",
+            "{\"a\":\"\n\"}",
+            "{}}",
+            "{]",
+            "{\"a\":-}",
+        ] {
             assert!(!accepts(s), "{s:?} is not the start of a JSON object");
         }
         assert!(!accepts("{} x"), "nothing but whitespace after the object");
@@ -300,7 +327,10 @@ mod tests {
     fn whitespace_padding_is_bounded() {
         assert!(accepts(&format!("{}{{", " ".repeat(16))));
         assert!(!accepts(&" ".repeat(17)));
-        assert!(accepts(&format!("{{\"a\": \"{}\"}}", " ".repeat(100))), "inside strings anything goes");
+        assert!(
+            accepts(&format!("{{\"a\": \"{}\"}}", " ".repeat(100))),
+            "inside strings anything goes"
+        );
     }
 
     #[test]

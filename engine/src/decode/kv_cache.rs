@@ -82,7 +82,12 @@ impl KvCache {
         }
     }
 
-    fn update_sliding(&mut self, k: &Array, v: &Array, w: i32) -> Result<(Array, Array, AttentionMask)> {
+    fn update_sliding(
+        &mut self,
+        k: &Array,
+        v: &Array,
+        w: i32,
+    ) -> Result<(Array, Array, AttentionMask)> {
         let (b, h, l, dk) = (k.shape()[0], k.shape()[1], k.shape()[2], k.shape()[3]);
         let dv = v.shape()[3];
         let cap = w + SLIDING_SLACK;
@@ -118,7 +123,8 @@ impl KvCache {
         let n = full_k.shape()[2];
         let q_pos = ops::arange::<_, i32>(o, end, None)?.reshape(&[l, 1])?;
         let k_pos = ops::arange::<_, i32>(first, first + n, None)?.reshape(&[1, n])?;
-        let mask = k_pos.le(&q_pos)?.logical_and(&q_pos.subtract(&k_pos)?.lt(Array::from_int(w))?)?;
+        let mask =
+            k_pos.le(&q_pos)?.logical_and(&q_pos.subtract(&k_pos)?.lt(Array::from_int(w))?)?;
         // Store the new positions (at most the last `cap`) in their slots.
         let from = o.max(end - cap);
         write_ring(keys, &k.index((.., .., (from - o).., ..)), from, cap);

@@ -11,5 +11,8 @@ pub mod kv_cache;
 pub mod sampler;
 pub mod speculative;
 
-pub use common::{AdapterRef, DraftMode, DraftStats, FinishReason, GenerateParams, Generation, StopMatcher, TokenLogprob, TopLogprob};
+pub use common::{
+    AdapterRef, DraftMode, DraftStats, FinishReason, GenerateParams, Generation, StopMatcher,
+    TokenLogprob, TopLogprob,
+};
 pub use generate::{generate, generate_streaming};

@@ -64,7 +64,9 @@ impl SamplingParams {
         if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
             return bad("repetition_penalty must be > 0");
         }
-        if !(-2.0..=2.0).contains(&self.presence_penalty) || !(-2.0..=2.0).contains(&self.frequency_penalty) {
+        if !(-2.0..=2.0).contains(&self.presence_penalty)
+            || !(-2.0..=2.0).contains(&self.frequency_penalty)
+        {
             return bad("presence_penalty and frequency_penalty must be in [-2, 2]");
         }
         Ok(())
@@ -142,7 +144,10 @@ impl Sampler {
         let p = &self.params;
         let extra = match (drafted, &self.vocab_ids) {
             (Some(d), Some(ids)) if d.size() > 0 => {
-                let one_hot = ids.reshape(&[1, -1])?.eq(&d.reshape(&[-1, 1])?)?.as_dtype(mlx_rs::Dtype::Float32)?;
+                let one_hot = ids
+                    .reshape(&[1, -1])?
+                    .eq(&d.reshape(&[-1, 1])?)?
+                    .as_dtype(mlx_rs::Dtype::Float32)?;
                 let before = cumsum(&one_hot, 0, None, None)?;
                 Some(concatenate(&[ops::zeros::<f32>(&[1, self.vocab])?, before], 0)?)
             }
@@ -153,7 +158,11 @@ impl Sampler {
                 Some(e) => ops::maximum(seen, e)?,
                 None => seen.clone(),
             };
-            let penalised = ops::select(&logits.lt(Array::from_f32(0.0))?, &logits.multiply(Array::from_f32(p.repetition_penalty))?, &logits.divide(Array::from_f32(p.repetition_penalty))?)?;
+            let penalised = ops::select(
+                &logits.lt(Array::from_f32(0.0))?,
+                &logits.multiply(Array::from_f32(p.repetition_penalty))?,
+                &logits.divide(Array::from_f32(p.repetition_penalty))?,
+            )?;
             logits = ops::select(&seen.gt(Array::from_f32(0.0))?, &penalised, &logits)?;
         }
         if let Some(counts) = &self.counts {
@@ -245,7 +254,12 @@ fn keep_top_p(logits: &Array, top_p: f32) -> Result<Array> {
 fn random_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
     h.finish()
 }
 
@@ -299,7 +313,8 @@ mod tests {
     #[test]
     fn top_k_top_p_min_p_keep_the_expected_tokens() {
         let logits = Array::from_slice(&[2.0f32, 1.0, 0.5, -3.0], &[1, 4]);
-        let finite = |a: Array| -> Vec<bool> { a.as_slice::<f32>().iter().map(|x| x.is_finite()).collect() };
+        let finite =
+            |a: Array| -> Vec<bool> { a.as_slice::<f32>().iter().map(|x| x.is_finite()).collect() };
         assert_eq!(finite(keep_top_k(&logits, 2).unwrap()), vec![true, true, false, false]);
         // probs ~ [0.61, 0.23, 0.14, 0.004]: 0.7 needs the first two.
         assert_eq!(finite(keep_top_p(&logits, 0.7).unwrap()), vec![true, true, false, false]);
@@ -312,7 +327,12 @@ mod tests {
     fn a_top_k_past_i32_keeps_every_token() {
         let logits = Array::from_slice(&[2.0f32, 1.0, 0.5, -3.0], &[1, 4]);
         for top_k in [4, 1 << 31, u32::MAX] {
-            let s = Sampler::new(SamplingParams { temperature: 1.0, top_k, ..Default::default() }, 4, &[]).unwrap();
+            let s = Sampler::new(
+                SamplingParams { temperature: 1.0, top_k, ..Default::default() },
+                4,
+                &[],
+            )
+            .unwrap();
             let kept = s.filtered(&logits).unwrap();
             assert!(kept.as_slice::<f32>().iter().all(|x| x.is_finite()), "top_k {top_k}");
         }

@@ -17,12 +17,15 @@ use mlx_rs::ops::{self, concatenate};
 use mlx_rs::transforms::eval;
 use mlx_rs::{random, Array};
 
-use crate::error::{EngineError, Result};
-use super::common::{begin, cancelled_early, token_array, Begin, DraftMode, DraftStats, Generation, Output, Request, TokenLogprob};
+use super::common::{
+    begin, cancelled_early, token_array, Begin, DraftMode, DraftStats, Generation, Output, Request,
+    TokenLogprob,
+};
 use super::kv_cache::KvCache;
+use super::sampler::Sampler;
+use crate::error::{EngineError, Result};
 use crate::model::mtp::MtpHead;
 use crate::model::LoadedModel;
-use super::sampler::Sampler;
 
 /// One round's drafts, on the device: ids [k] and, when sampling, the distributions they were
 /// drawn from ([k, V]; `None` means one-hot, as for prompt lookup and greedy MTP).
@@ -37,7 +40,10 @@ impl Drafts {
     }
 
     fn from_host(ids: &[u32]) -> Drafts {
-        Drafts { ids: (!ids.is_empty()).then(|| Array::from_slice(ids, &[ids.len() as i32])), q: None }
+        Drafts {
+            ids: (!ids.is_empty()).then(|| Array::from_slice(ids, &[ids.len() as i32])),
+            q: None,
+        }
     }
 
     fn len(&self) -> usize {
@@ -55,7 +61,12 @@ struct Verdict {
 }
 
 /// Score `logits` ([k + 1, V], row j following draft j) against `drafts`.
-fn verify(sampler: &mut Sampler, logits: &Array, drafts: &Drafts, vocab_ids: &Array) -> Result<Verdict> {
+fn verify(
+    sampler: &mut Sampler,
+    logits: &Array,
+    drafts: &Drafts,
+    vocab_ids: &Array,
+) -> Result<Verdict> {
     let p_logits = sampler.penalised(logits, drafts.ids.as_ref())?;
     if sampler.is_greedy() {
         return Ok(Verdict { choice: argmax_axis(&p_logits, -1, None)?, accept: None });
@@ -63,19 +74,26 @@ fn verify(sampler: &mut Sampler, logits: &Array, drafts: &Drafts, vocab_ids: &Ar
     let p = ops::softmax_axis(&sampler.filtered(&p_logits)?, -1, true)?;
     let (Some(ids), k) = (&drafts.ids, drafts.len() as i32) else {
         let key = sampler.next_key()?;
-        return Ok(Verdict { choice: random::categorical(&p.log()?, -1, None, &key)?, accept: None });
+        return Ok(Verdict {
+            choice: random::categorical(&p.log()?, -1, None, &key)?,
+            accept: None,
+        });
     };
     let q = match &drafts.q {
         Some(q) => q.clone(),
         None => one_hot(ids, vocab_ids)?,
     };
-    let (accept, choice) = rejection_step(&p, &q, ids, sampler.next_key()?, sampler.next_key()?, Residual::Exact)?;
+    let (accept, choice) =
+        rejection_step(&p, &q, ids, sampler.next_key()?, sampler.next_key()?, Residual::Exact)?;
     debug_assert_eq!(accept.shape(), &[k]);
     Ok(Verdict { choice, accept: Some(accept) })
 }
 
 fn one_hot(ids: &Array, vocab_ids: &Array) -> Result<Array> {
-    Ok(vocab_ids.reshape(&[1, -1])?.eq(&ids.reshape(&[-1, 1])?)?.as_dtype(mlx_rs::Dtype::Float32)?)
+    Ok(vocab_ids
+        .reshape(&[1, -1])?
+        .eq(&ids.reshape(&[-1, 1])?)?
+        .as_dtype(mlx_rs::Dtype::Float32)?)
 }
 
 /// How a rejected draft's replacement is drawn; only `Exact` is ever used outside the tests
@@ -93,7 +111,14 @@ enum Residual {
 /// distributions, `ids` [k] drafts. Returns (accept [k], choice [k + 1]): draft j is kept when
 /// u * q(d) < p(d) (u uniform in [0, 1)), i.e. with probability min(1, p/q); choice j < k is a
 /// draw from the residual of row j, choice k a draw from p of the last row (the bonus token).
-fn rejection_step(p: &Array, q: &Array, ids: &Array, key_u: Array, key_c: Array, rule: Residual) -> Result<(Array, Array)> {
+fn rejection_step(
+    p: &Array,
+    q: &Array,
+    ids: &Array,
+    key_u: Array,
+    key_c: Array,
+    rule: Residual,
+) -> Result<(Array, Array)> {
     let k = ids.shape()[0];
     let rows = p.index(..k);
     let col = ids.reshape(&[-1, 1])?;
@@ -125,18 +150,32 @@ struct MtpDrafter<'m> {
 impl MtpDrafter<'_> {
     /// Feed confirmed pairs (main hidden state at p, token at p + 1) and draft up to `count`
     /// tokens after the last one.
-    fn draft(&mut self, model: &LoadedModel, sampler: &mut Sampler, hidden: &Array, next: &[u32], count: usize) -> Result<Drafts> {
+    fn draft(
+        &mut self,
+        model: &LoadedModel,
+        sampler: &mut Sampler,
+        hidden: &Array,
+        next: &[u32],
+        count: usize,
+    ) -> Result<Drafts> {
         let trimmed = self.cache.trim(self.chained);
         debug_assert_eq!(trimmed, self.chained);
-        let m = self.head.forward(model.net.as_ref(), hidden, &token_array(next), &mut self.cache)?;
+        let m =
+            self.head.forward(model.net.as_ref(), hidden, &token_array(next), &mut self.cache)?;
         let mut last = m.index((.., -1.., ..));
         let (mut ids, mut qs) = (Vec::new(), Vec::new());
         for j in 0..count {
             if j > 0 {
                 let prev: &Array = ids.last().unwrap();
-                last = self.head.forward(model.net.as_ref(), &last, &prev.reshape(&[1, 1])?, &mut self.cache)?;
+                last = self.head.forward(
+                    model.net.as_ref(),
+                    &last,
+                    &prev.reshape(&[1, 1])?,
+                    &mut self.cache,
+                )?;
             }
-            let logits = model.net.logits(&last)?.reshape(&[1, -1])?.as_dtype(mlx_rs::Dtype::Float32)?;
+            let logits =
+                model.net.logits(&last)?.reshape(&[1, -1])?.as_dtype(mlx_rs::Dtype::Float32)?;
             if sampler.is_greedy() {
                 ids.push(argmax_axis(&logits, -1, None)?);
             } else {
@@ -151,7 +190,11 @@ impl MtpDrafter<'_> {
             return Ok(Drafts::none());
         }
         let refs: Vec<&Array> = ids.iter().collect();
-        let q = if qs.is_empty() { None } else { Some(concatenate(&qs.iter().collect::<Vec<_>>(), 0)?) };
+        let q = if qs.is_empty() {
+            None
+        } else {
+            Some(concatenate(&qs.iter().collect::<Vec<_>>(), 0)?)
+        };
         Ok(Drafts { ids: Some(concatenate(&refs, 0)?), q })
     }
 }
@@ -174,13 +217,18 @@ pub fn lookup_draft(history: &[u32], min_ngram: usize, max_ngram: usize, limit: 
 }
 
 /// Speculative decoding; called by `generate::generate` when `params.draft` is not `None`.
-pub(crate) fn generate(req: Request<'_>, on_piece: &mut dyn FnMut(&str, &[TokenLogprob])) -> Result<Generation> {
+pub(crate) fn generate(
+    req: Request<'_>,
+    on_piece: &mut dyn FnMut(&str, &[TokenLogprob]),
+) -> Result<Generation> {
     req.params.draft.validate(req.model)?;
     let Begin { max_tokens, start, mut sampler, mut caches } = begin(&req)?;
     let Request { model, prompt, params, cancel } = req;
     let vocab_ids = ops::arange::<_, i32>(None, model.vocab_size as i32, None)?;
     let mut mtp = match (&params.draft, &model.mtp) {
-        (DraftMode::Mtp { depth }, Some(head)) => Some(MtpDrafter { head, cache: KvCache::new(), depth: *depth, chained: 0 }),
+        (DraftMode::Mtp { depth }, Some(head)) => {
+            Some(MtpDrafter { head, cache: KvCache::new(), depth: *depth, chained: 0 })
+        }
         _ => None,
     };
     let mut stats = DraftStats {
@@ -200,7 +248,12 @@ pub(crate) fn generate(req: Request<'_>, on_piece: &mut dyn FnMut(&str, &[TokenL
         let mut state: Vec<&Array> = caches.iter().flat_map(|c| c.state()).collect();
         if let Some(m) = &mut mtp {
             let from = c * chunk + 1;
-            m.head.forward(model.net.as_ref(), &hidden, &token_array(&prompt[from..from + ids.len()]), &mut m.cache)?;
+            m.head.forward(
+                model.net.as_ref(),
+                &hidden,
+                &token_array(&prompt[from..from + ids.len()]),
+                &mut m.cache,
+            )?;
             state.extend(m.cache.state());
         }
         eval(state)?;
@@ -213,7 +266,11 @@ pub(crate) fn generate(req: Request<'_>, on_piece: &mut dyn FnMut(&str, &[TokenL
     loop {
         let k = drafts.len();
         let input = match &drafts.ids {
-            Some(ids) => concatenate(&[Array::from_slice(&[y], &[1]), ids.as_dtype(mlx_rs::Dtype::Uint32)?], 0)?.reshape(&[1, -1])?,
+            Some(ids) => concatenate(
+                &[Array::from_slice(&[y], &[1]), ids.as_dtype(mlx_rs::Dtype::Uint32)?],
+                0,
+            )?
+            .reshape(&[1, -1])?,
             None => token_array(&[y]),
         };
         let hidden = model.hidden(&input, &mut caches)?;
@@ -228,7 +285,8 @@ pub(crate) fn generate(req: Request<'_>, on_piece: &mut dyn FnMut(&str, &[TokenL
             Some(ids) => ids.as_dtype(mlx_rs::Dtype::Uint32)?.as_slice::<u32>().to_vec(),
             None => vec![],
         };
-        let choice: Vec<u32> = verdict.choice.as_dtype(mlx_rs::Dtype::Uint32)?.as_slice::<u32>().to_vec();
+        let choice: Vec<u32> =
+            verdict.choice.as_dtype(mlx_rs::Dtype::Uint32)?.as_slice::<u32>().to_vec();
         let accepted = match &verdict.accept {
             Some(acc) => acc.as_slice::<bool>().iter().take_while(|&&a| a).count(),
             None => draft_ids.iter().zip(&choice).take_while(|(d, c)| d == c).count(),
@@ -255,13 +313,17 @@ pub(crate) fn generate(req: Request<'_>, on_piece: &mut dyn FnMut(&str, &[TokenL
         let rejected = (k - accepted) as i32;
         for c in caches.iter_mut() {
             if c.trim(rejected) != rejected {
-                return Err(EngineError::Internal("a KV cache could not roll back a rejected draft".into()));
+                return Err(EngineError::Internal(
+                    "a KV cache could not roll back a rejected draft".into(),
+                ));
             }
         }
 
         // Next round: at most what max_tokens and the context leave room for.
         let position = caches[0].offset() as usize; // where `next` goes
-        let room = (max_tokens - out.tokens().len()).saturating_sub(1).min(model.context_length.saturating_sub(position + 1));
+        let room = (max_tokens - out.tokens().len())
+            .saturating_sub(1)
+            .min(model.context_length.saturating_sub(position + 1));
         drafts = match (&mut mtp, &params.draft) {
             (Some(m), _) => {
                 let confirmed = hidden.index((.., ..=accepted as i32, ..));
@@ -271,7 +333,11 @@ pub(crate) fn generate(req: Request<'_>, on_piece: &mut dyn FnMut(&str, &[TokenL
             (None, DraftMode::Lookup { min_ngram, max_ngram, max_draft }) => {
                 // Verifying a long wrong draft costs more than a plain step: draft length grows
                 // (doubling) while drafts are accepted and falls back to what was accepted + 1.
-                let len = if k > 0 && accepted == k { (2 * k).min(*max_draft) } else { (accepted + 1).min(*max_draft) };
+                let len = if k > 0 && accepted == k {
+                    (2 * k).min(*max_draft)
+                } else {
+                    (accepted + 1).min(*max_draft)
+                };
                 Drafts::from_host(&lookup_draft(&history, *min_ngram, *max_ngram, len.min(room)))
             }
             _ => Drafts::none(),
@@ -359,7 +425,11 @@ mod tests {
             let d = random::categorical(&q_log, -1, None, &sub()).unwrap();
             let (ku, kc) = (sub(), sub());
             let (accept, choice) = rejection_step(&p_arr, &q_arr, &d, ku, kc, rule).unwrap();
-            let token = if accept.as_slice::<bool>()[0] { d.as_slice::<u32>()[0] } else { choice.as_slice::<u32>()[0] };
+            let token = if accept.as_slice::<bool>()[0] {
+                d.as_slice::<u32>()[0]
+            } else {
+                choice.as_slice::<u32>()[0]
+            };
             counts[token as usize] += 1.0;
         }
         counts
@@ -378,6 +448,9 @@ mod tests {
         // The test has the power to see a wrong residual: drawing replacements from p itself.
         let (bad, _) = chi_square(&first_token_counts(&p, &q, Residual::PlainP, n), &p64);
         eprintln!("chi-square (df {df}, 0.1% critical {critical:.1}): exact rule {stat:.1}, residual = p {bad:.1}");
-        assert!(bad > critical, "a broken rule went unnoticed: chi-square {bad:.1} < {critical:.1}");
+        assert!(
+            bad > critical,
+            "a broken rule went unnoticed: chi-square {bad:.1} < {critical:.1}"
+        );
     }
 }

@@ -44,7 +44,10 @@ pub fn import(gguf_path: &Path, models_dir: &Path, opts: &ImportOptions) -> Resu
     }
     let target = models_dir.join(&name);
     if target.exists() && !opts.overwrite {
-        return Err(EngineError::InvalidRequest(format!("{} already exists (use --overwrite)", target.display())));
+        return Err(EngineError::InvalidRequest(format!(
+            "{} already exists (use --overwrite)",
+            target.display()
+        )));
     }
     std::fs::create_dir_all(models_dir).map_err(EngineError::io(models_dir))?;
     // A hidden sibling, so the rename is atomic and `perch models` never lists it.
@@ -64,12 +67,17 @@ pub fn import(gguf_path: &Path, models_dir: &Path, opts: &ImportOptions) -> Resu
 }
 
 fn default_name(path: &Path) -> String {
-    path.file_stem().and_then(|s| s.to_str()).unwrap_or("model").to_lowercase().replace(['_', ' '], "-")
+    path.file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("model")
+        .to_lowercase()
+        .replace(['_', ' '], "-")
 }
 
 fn write_model(g: &GgufFile, arch: &str, dir: &Path, opts: &ImportOptions) -> Result<()> {
     let tok = tokenizer::convert(g)?;
-    let vocab = g.metadata.get("tokenizer.ggml.tokens").and_then(|t| t.as_array()).map_or(0, |t| t.len());
+    let vocab =
+        g.metadata.get("tokenizer.ggml.tokens").and_then(|t| t.as_array()).map_or(0, |t| t.len());
     let mut config = translate_config(g, arch, vocab)?;
 
     let mut arrays: HashMap<String, Array> = HashMap::new();
@@ -82,7 +90,11 @@ fn write_model(g: &GgufFile, arch: &str, dir: &Path, opts: &ImportOptions) -> Re
             }
             return Err(EngineError::BadWeights {
                 file: g.path.clone(),
-                msg: format!("tensor `{}` ({}) has no place in the `{arch}` layout", info.name, type_name(info.ggml_type)),
+                msg: format!(
+                    "tensor `{}` ({}) has no place in the `{arch}` layout",
+                    info.name,
+                    type_name(info.ggml_type)
+                ),
             });
         };
         let mut data = g.read_f32(info)?;
@@ -95,7 +107,10 @@ fn write_model(g: &GgufFile, arch: &str, dir: &Path, opts: &ImportOptions) -> Re
             if info.shape[0] % (2 * n) != 0 {
                 return Err(EngineError::BadWeights {
                     file: g.path.clone(),
-                    msg: format!("tensor `{}` has {} rows, not a whole number of {n} heads' rotary pairs", info.name, info.shape[0]),
+                    msg: format!(
+                        "tensor `{}` has {} rows, not a whole number of {n} heads' rotary pairs",
+                        info.name, info.shape[0]
+                    ),
                 });
             }
             data = unpermute_rows(&data, &info.shape, n);
@@ -129,12 +144,22 @@ fn write_model(g: &GgufFile, arch: &str, dir: &Path, opts: &ImportOptions) -> Re
     }
     config["torch_dtype"] = json!(if store == Dtype::Bfloat16 { "bfloat16" } else { "float32" });
     let meta = HashMap::from([("format".to_string(), "mlx".to_string())]);
-    Array::save_safetensors(out.iter().map(|(k, v)| (k.as_str(), v)), &meta, dir.join("model.safetensors"))
-        .map_err(|e| EngineError::BadWeights { file: dir.join("model.safetensors"), msg: e.to_string() })?;
+    Array::save_safetensors(
+        out.iter().map(|(k, v)| (k.as_str(), v)),
+        &meta,
+        dir.join("model.safetensors"),
+    )
+    .map_err(|e| EngineError::BadWeights {
+        file: dir.join("model.safetensors"),
+        msg: e.to_string(),
+    })?;
 
     let eos_ids = config["eos_token_id"].clone();
     write_json(&dir.join("config.json"), &config)?;
-    write_json(&dir.join("generation_config.json"), &json!({"eos_token_id": eos_ids, "bos_token_id": config["bos_token_id"]}))?;
+    write_json(
+        &dir.join("generation_config.json"),
+        &json!({"eos_token_id": eos_ids, "bos_token_id": config["bos_token_id"]}),
+    )?;
     write_json(&dir.join("tokenizer.json"), &tok.tokenizer_json)?;
     let mut tc = json!({
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -190,7 +215,8 @@ fn unpermute_rows(data: &[f32], shape: &[usize], heads: usize) -> Vec<f32> {
                 // GGUF row (h, i, j) holds HF row (h, j, i).
                 let src = (h * half + i) * 2 + j;
                 let dst = (h * 2 + j) * half + i;
-                out[dst * cols..(dst + 1) * cols].copy_from_slice(&data[src * cols..(src + 1) * cols]);
+                out[dst * cols..(dst + 1) * cols]
+                    .copy_from_slice(&data[src * cols..(src + 1) * cols]);
             }
         }
     }
@@ -235,18 +261,33 @@ fn hf_name(arch: &str, gguf: &str) -> Option<String> {
 fn translate_config(g: &GgufFile, arch: &str, vocab: usize) -> Result<Value> {
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| {
-        g.u64(&key(k)).ok_or_else(|| EngineError::BadWeights { file: g.path.clone(), msg: format!("GGUF metadata lacks `{}`", key(k)) })
+        g.u64(&key(k)).ok_or_else(|| EngineError::BadWeights {
+            file: g.path.clone(),
+            msg: format!("GGUF metadata lacks `{}`", key(k)),
+        })
     };
     // Zero or mismatched sizes would divide by zero here or in the weight reshapes.
-    let bad = |k: &str, msg: String| EngineError::BadWeights { file: g.path.clone(), msg: format!("GGUF metadata `{}` {msg}", key(k)) };
+    let bad = |k: &str, msg: String| EngineError::BadWeights {
+        file: g.path.clone(),
+        msg: format!("GGUF metadata `{}` {msg}", key(k)),
+    };
     let positive = |k: &str, v: u64| if v == 0 { Err(bad(k, "is 0".into())) } else { Ok(v) };
     let hidden = positive("embedding_length", need("embedding_length")?)?;
     let heads = positive("attention.head_count", need("attention.head_count")?)?;
-    let kv_heads = positive("attention.head_count_kv", g.u64(&key("attention.head_count_kv")).unwrap_or(heads))?;
+    let kv_heads = positive(
+        "attention.head_count_kv",
+        g.u64(&key("attention.head_count_kv")).unwrap_or(heads),
+    )?;
     if heads % kv_heads != 0 {
-        return Err(bad("attention.head_count_kv", format!("({kv_heads}) does not divide the head count ({heads})")));
+        return Err(bad(
+            "attention.head_count_kv",
+            format!("({kv_heads}) does not divide the head count ({heads})"),
+        ));
     }
-    let head_dim = positive("attention.key_length", g.u64(&key("attention.key_length")).unwrap_or(hidden / heads))?;
+    let head_dim = positive(
+        "attention.key_length",
+        g.u64(&key("attention.key_length")).unwrap_or(hidden / heads),
+    )?;
     let layers = positive("block_count", need("block_count")?)?;
     let ctx = g.u64(&key("context_length")).unwrap_or(4096);
     let eps = g.f64(&key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6);
@@ -268,7 +309,9 @@ fn translate_config(g: &GgufFile, arch: &str, vocab: usize) -> Result<Value> {
             // Gemma 3 text models put a global layer after every five sliding ones.
             let pattern = 6;
             let layer_types: Vec<&str> = (0..layers)
-                .map(|i| if (i + 1) % pattern == 0 { "full_attention" } else { "sliding_attention" })
+                .map(
+                    |i| if (i + 1) % pattern == 0 { "full_attention" } else { "sliding_attention" },
+                )
                 .collect();
             if let Some(id) = token_id("<end_of_turn>") {
                 eos.push(id as u64);
@@ -284,11 +327,16 @@ fn translate_config(g: &GgufFile, arch: &str, vocab: usize) -> Result<Value> {
         "llama" | "qwen2" | "qwen3" => {
             let default_base = if arch == "llama" { 10_000.0 } else { 1_000_000.0 };
             let model_type = arch;
-            cfg.as_object_mut().unwrap().extend(json!({
-                "model_type": model_type,
-                "rope_theta": rope_base.unwrap_or(default_base),
-                "tie_word_embeddings": !has_output,
-            }).as_object().unwrap().clone());
+            cfg.as_object_mut().unwrap().extend(
+                json!({
+                    "model_type": model_type,
+                    "rope_theta": rope_base.unwrap_or(default_base),
+                    "tie_word_embeddings": !has_output,
+                })
+                .as_object()
+                .unwrap()
+                .clone(),
+            );
             if arch == "llama" {
                 if let Some(scale) = g.f64(&key("rope.scaling.factor")) {
                     cfg["rope_scaling"] = json!({"rope_type": "linear", "factor": scale});
@@ -296,7 +344,10 @@ fn translate_config(g: &GgufFile, arch: &str, vocab: usize) -> Result<Value> {
             }
         }
         other => {
-            return Err(EngineError::UnknownArchitecture(other.to_string(), "gemma3, llama, qwen2, qwen3 (GGUF import)"))
+            return Err(EngineError::UnknownArchitecture(
+                other.to_string(),
+                "gemma3, llama, qwen2, qwen3 (GGUF import)",
+            ))
         }
     }
     cfg["eos_token_id"] = json!(eos);

@@ -36,12 +36,38 @@ pub struct GgufFile {
 /// Name of a ggml type id, for messages.
 pub fn type_name(t: u32) -> String {
     let name = match t {
-        0 => "F32", 1 => "F16", 2 => "Q4_0", 3 => "Q4_1", 6 => "Q5_0", 7 => "Q5_1", 8 => "Q8_0",
-        9 => "Q8_1", 10 => "Q2_K", 11 => "Q3_K", 12 => "Q4_K", 13 => "Q5_K", 14 => "Q6_K",
-        15 => "Q8_K", 16 => "IQ2_XXS", 17 => "IQ2_XS", 18 => "IQ3_XXS", 19 => "IQ1_S",
-        20 => "IQ4_NL", 21 => "IQ3_S", 22 => "IQ2_S", 23 => "IQ4_XS", 24 => "I8", 25 => "I16",
-        26 => "I32", 27 => "I64", 28 => "F64", 29 => "IQ1_M", 30 => "BF16", 34 => "TQ1_0",
-        35 => "TQ2_0", 39 => "MXFP4",
+        0 => "F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        6 => "Q5_0",
+        7 => "Q5_1",
+        8 => "Q8_0",
+        9 => "Q8_1",
+        10 => "Q2_K",
+        11 => "Q3_K",
+        12 => "Q4_K",
+        13 => "Q5_K",
+        14 => "Q6_K",
+        15 => "Q8_K",
+        16 => "IQ2_XXS",
+        17 => "IQ2_XS",
+        18 => "IQ3_XXS",
+        19 => "IQ1_S",
+        20 => "IQ4_NL",
+        21 => "IQ3_S",
+        22 => "IQ2_S",
+        23 => "IQ4_XS",
+        24 => "I8",
+        25 => "I16",
+        26 => "I32",
+        27 => "I64",
+        28 => "F64",
+        29 => "IQ1_M",
+        30 => "BF16",
+        34 => "TQ1_0",
+        35 => "TQ2_0",
+        39 => "MXFP4",
         _ => return format!("type {t}"),
     };
     name.to_string()
@@ -50,8 +76,18 @@ pub fn type_name(t: u32) -> String {
 fn candle_type(t: u32) -> Option<candle_core::quantized::GgmlDType> {
     use candle_core::quantized::GgmlDType as G;
     Some(match t {
-        0 => G::F32, 1 => G::F16, 2 => G::Q4_0, 3 => G::Q4_1, 6 => G::Q5_0, 7 => G::Q5_1,
-        8 => G::Q8_0, 10 => G::Q2K, 11 => G::Q3K, 12 => G::Q4K, 13 => G::Q5K, 14 => G::Q6K,
+        0 => G::F32,
+        1 => G::F16,
+        2 => G::Q4_0,
+        3 => G::Q4_1,
+        6 => G::Q5_0,
+        7 => G::Q5_1,
+        8 => G::Q8_0,
+        10 => G::Q2K,
+        11 => G::Q3K,
+        12 => G::Q4K,
+        13 => G::Q5K,
+        14 => G::Q6K,
         30 => G::BF16,
         _ => return None,
     })
@@ -85,7 +121,10 @@ impl<R: Read> Header<R> {
     /// A count of items of at least `min_bytes` each, which must fit in what is left of the file.
     fn count(&self, n: u64, min_bytes: u64, what: &str) -> Result<usize> {
         if n.saturating_mul(min_bytes) > self.left() {
-            return Err(self.bad(format!("{what}: {n} entries cannot fit in the {} bytes left of the file", self.left())));
+            return Err(self.bad(format!(
+                "{what}: {n} entries cannot fit in the {} bytes left of the file",
+                self.left()
+            )));
         }
         usize::try_from(n).map_err(|_| self.bad(format!("{what}: {n} entries")))
     }
@@ -116,13 +155,18 @@ impl<R: Read> Header<R> {
             9 => {
                 let item = self.u32()?;
                 if item == 9 {
-                    return Err(self.bad(format!("metadata `{key}`: arrays of arrays are not supported")));
+                    return Err(
+                        self.bad(format!("metadata `{key}`: arrays of arrays are not supported"))
+                    );
                 }
                 let n = self.u64()?;
                 if n > MAX_ARRAY {
-                    return Err(self.bad(format!("metadata `{key}`: an array of {n} items (at most {MAX_ARRAY})")));
+                    return Err(self.bad(format!(
+                        "metadata `{key}`: an array of {n} items (at most {MAX_ARRAY})"
+                    )));
                 }
-                let n = self.count(n, scalar_size(item).unwrap_or(1), &format!("metadata `{key}`"))?;
+                let n =
+                    self.count(n, scalar_size(item).unwrap_or(1), &format!("metadata `{key}`"))?;
                 let mut out = Vec::with_capacity(n);
                 for _ in 0..n {
                     out.push(self.scalar(item, key)?);
@@ -193,11 +237,15 @@ impl GgufFile {
             // llama.cpp caps names at 64 bytes; control characters would reach file formats
             // (safetensors refuses NUL) and messages.
             if name.is_empty() || name.len() > 256 || name.chars().any(char::is_control) {
-                return Err(h.bad(format!("tensor {} has an unusable name {name:?}", tensors.len())));
+                return Err(
+                    h.bad(format!("tensor {} has an unusable name {name:?}", tensors.len()))
+                );
             }
             let n_dims = h.u32()?;
             if n_dims == 0 || n_dims > MAX_DIMS {
-                return Err(h.bad(format!("tensor `{name}` has {n_dims} dimensions (1 to {MAX_DIMS})")));
+                return Err(
+                    h.bad(format!("tensor `{name}` has {n_dims} dimensions (1 to {MAX_DIMS})"))
+                );
             }
             let mut shape = Vec::with_capacity(n_dims as usize);
             for _ in 0..n_dims {
@@ -257,38 +305,64 @@ impl GgufFile {
     /// Bytes of tensor `t`'s data; `None` for a type Perch cannot read (refused when read).
     fn byte_len(&self, t: &TensorInfo) -> Result<Option<u64>> {
         let Some(ty) = candle_type(t.ggml_type) else { return Ok(None) };
-        let bad = |msg: &str| EngineError::BadWeights { file: self.path.clone(), msg: format!("tensor `{}`: {msg}", t.name) };
-        let n = t.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d as u64)).ok_or_else(|| bad("its shape overflows"))?;
+        let bad = |msg: &str| EngineError::BadWeights {
+            file: self.path.clone(),
+            msg: format!("tensor `{}`: {msg}", t.name),
+        };
+        let n = t
+            .shape
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d as u64))
+            .ok_or_else(|| bad("its shape overflows"))?;
         let block = ty.block_size() as u64;
         if n % block != 0 {
-            return Err(bad(&format!("{n} elements are not whole {}-element blocks of {}", block, type_name(t.ggml_type))));
+            return Err(bad(&format!(
+                "{n} elements are not whole {}-element blocks of {}",
+                block,
+                type_name(t.ggml_type)
+            )));
         }
-        (n / block).checked_mul(ty.type_size() as u64).map(Some).ok_or_else(|| bad("its size overflows"))
+        (n / block)
+            .checked_mul(ty.type_size() as u64)
+            .map(Some)
+            .ok_or_else(|| bad("its size overflows"))
     }
 
     /// Dequantize one tensor to f32 (row-major, `info.shape`).
     pub fn read_f32(&self, info: &TensorInfo) -> Result<Vec<f32>> {
-        let unsupported = || EngineError::BadWeights {
+        let unsupported = || {
+            EngineError::BadWeights {
             file: self.path.clone(),
             msg: format!(
                 "tensor `{}` has type {}, which Perch cannot dequantize (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K)",
                 info.name,
                 type_name(info.ggml_type)
             ),
+        }
         };
         let ty = candle_type(info.ggml_type).ok_or_else(unsupported)?;
         let len = self.byte_len(info)?.ok_or_else(unsupported)?;
         let len = usize::try_from(len).map_err(|_| unsupported())?;
         let mut raw = vec![0u8; len];
         let mut f = File::open(&self.path).map_err(EngineError::io(&self.path))?;
-        f.seek(SeekFrom::Start(self.data_start + info.offset)).map_err(EngineError::io(&self.path))?;
+        f.seek(SeekFrom::Start(self.data_start + info.offset))
+            .map_err(EngineError::io(&self.path))?;
         f.read_exact(&mut raw).map_err(EngineError::io(&self.path))?;
         let bad = |e: candle_core::Error| EngineError::BadWeights {
             file: self.path.clone(),
             msg: format!("tensor `{}` ({}): {e}", info.name, type_name(info.ggml_type)),
         };
         let dev = candle_core::Device::Cpu;
-        let q = candle_core::quantized::ggml_file::qtensor_from_ggml(ty, &raw, info.shape.clone(), &dev).map_err(bad)?;
-        q.dequantize(&dev).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1::<f32>()).map_err(bad)
+        let q = candle_core::quantized::ggml_file::qtensor_from_ggml(
+            ty,
+            &raw,
+            info.shape.clone(),
+            &dev,
+        )
+        .map_err(bad)?;
+        q.dequantize(&dev)
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(bad)
     }
 }

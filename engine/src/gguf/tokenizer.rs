@@ -34,7 +34,8 @@ pub struct ConvertedTokenizer {
 
 pub fn convert(g: &GgufFile) -> Result<ConvertedTokenizer> {
     let bad = |msg: String| EngineError::Tokenizer(format!("{}: {msg}", g.path.display()));
-    let model = g.str("tokenizer.ggml.model").ok_or_else(|| bad("no tokenizer.ggml.model".into()))?;
+    let model =
+        g.str("tokenizer.ggml.model").ok_or_else(|| bad("no tokenizer.ggml.model".into()))?;
     let tokens: Vec<String> = g
         .metadata
         .get("tokenizer.ggml.tokens")
@@ -43,18 +44,28 @@ pub fn convert(g: &GgufFile) -> Result<ConvertedTokenizer> {
         .iter()
         .map(|t| t.as_str().unwrap_or_default().to_string())
         .collect();
-    let types: Vec<i64> = match g.metadata.get("tokenizer.ggml.token_type").and_then(|v| v.as_array()) {
-        Some(t) => t.iter().map(|v| v.as_i64().unwrap_or(TYPE_NORMAL)).collect(),
-        None => vec![TYPE_NORMAL; tokens.len()],
-    };
+    let types: Vec<i64> =
+        match g.metadata.get("tokenizer.ggml.token_type").and_then(|v| v.as_array()) {
+            Some(t) => t.iter().map(|v| v.as_i64().unwrap_or(TYPE_NORMAL)).collect(),
+            None => vec![TYPE_NORMAL; tokens.len()],
+        };
     if types.len() != tokens.len() {
-        return Err(bad(format!("tokenizer.ggml.token_type has {} entries for {} tokens", types.len(), tokens.len())));
+        return Err(bad(format!(
+            "tokenizer.ggml.token_type has {} entries for {} tokens",
+            types.len(),
+            tokens.len()
+        )));
     }
     let token = |key: &str| g.u64(key).and_then(|id| tokens.get(id as usize).cloned());
     let bos_token = token("tokenizer.ggml.bos_token_id");
     let eos_token = token("tokenizer.ggml.eos_token_id");
-    let add_bos = g.metadata.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(model == "llama");
-    let add_eos = g.metadata.get("tokenizer.ggml.add_eos_token").and_then(|v| v.as_bool()).unwrap_or(false);
+    let add_bos = g
+        .metadata
+        .get("tokenizer.ggml.add_bos_token")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(model == "llama");
+    let add_eos =
+        g.metadata.get("tokenizer.ggml.add_eos_token").and_then(|v| v.as_bool()).unwrap_or(false);
 
     let added_tokens: Vec<Value> = tokens
         .iter()
@@ -67,18 +78,25 @@ pub fn convert(g: &GgufFile) -> Result<ConvertedTokenizer> {
         })
         .collect();
 
-    let (normalizer, pre_tokenizer, model_json, decoder) = match model {
-        "llama" => spm(g, &tokens, &types)?,
-        "gpt2" => byte_level_bpe(g, &tokens)?,
-        other => return Err(bad(format!("tokenizer model `{other}` is not supported (llama/SentencePiece and gpt2/BPE are)"))),
-    };
+    let (normalizer, pre_tokenizer, model_json, decoder) =
+        match model {
+            "llama" => spm(g, &tokens, &types)?,
+            "gpt2" => byte_level_bpe(g, &tokens)?,
+            other => return Err(bad(format!(
+                "tokenizer model `{other}` is not supported (llama/SentencePiece and gpt2/BPE are)"
+            ))),
+        };
     let mut single = vec![];
     if add_bos {
-        single.push(json!({"SpecialToken": {"id": bos_token.clone().unwrap_or_default(), "type_id": 0}}));
+        single.push(
+            json!({"SpecialToken": {"id": bos_token.clone().unwrap_or_default(), "type_id": 0}}),
+        );
     }
     single.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
     if add_eos {
-        single.push(json!({"SpecialToken": {"id": eos_token.clone().unwrap_or_default(), "type_id": 0}}));
+        single.push(
+            json!({"SpecialToken": {"id": eos_token.clone().unwrap_or_default(), "type_id": 0}}),
+        );
     }
     let mut special_tokens = serde_json::Map::new();
     for (on, tok) in [(add_bos, &bos_token), (add_eos, &eos_token)] {
@@ -110,14 +128,21 @@ pub fn convert(g: &GgufFile) -> Result<ConvertedTokenizer> {
 type Parts = (Value, Value, Value, Value);
 
 fn spm(g: &GgufFile, tokens: &[String], types: &[i64]) -> Result<Parts> {
-    let scores: Vec<f64> = match g.metadata.get("tokenizer.ggml.scores").and_then(|v| v.as_array()) {
+    let scores: Vec<f64> = match g.metadata.get("tokenizer.ggml.scores").and_then(|v| v.as_array())
+    {
         Some(s) => s.iter().map(|v| v.as_f64().unwrap_or(0.0)).collect(),
         None => vec![0.0; tokens.len()],
     };
     if scores.len() != tokens.len() {
-        return Err(EngineError::Tokenizer(format!("{}: tokenizer.ggml.scores has {} entries for {} tokens", g.path.display(), scores.len(), tokens.len())));
+        return Err(EngineError::Tokenizer(format!(
+            "{}: tokenizer.ggml.scores has {} entries for {} tokens",
+            g.path.display(),
+            scores.len(),
+            tokens.len()
+        )));
     }
-    let add_space_prefix = g.metadata.get("tokenizer.ggml.add_space_prefix").and_then(|v| v.as_bool()).unwrap_or(true);
+    let add_space_prefix =
+        g.metadata.get("tokenizer.ggml.add_space_prefix").and_then(|v| v.as_bool()).unwrap_or(true);
     let mut vocab = serde_json::Map::new();
     let mut mergeable: HashMap<&str, usize> = HashMap::new();
     for (id, (t, ty)) in tokens.iter().zip(types).enumerate() {
@@ -168,10 +193,18 @@ fn spm(g: &GgufFile, tokens: &[String], types: &[i64]) -> Result<Parts> {
 /// models' own tokenizer.json files.
 fn bpe_regex(pre: &str) -> Option<&'static str> {
     Some(match pre {
-        "default" | "gpt-2" | "gpt2" => r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
-        "llama-bpe" | "llama3" => r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-        "qwen2" => r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-        "qwen35" => r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+        "default" | "gpt-2" | "gpt2" => {
+            r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+        }
+        "llama-bpe" | "llama3" => {
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+        }
+        "qwen2" => {
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+        }
+        "qwen35" => {
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+        }
         _ => return None,
     })
 }
@@ -188,7 +221,13 @@ fn byte_level_bpe(g: &GgufFile, tokens: &[String]) -> Result<Parts> {
         .metadata
         .get("tokenizer.ggml.merges")
         .and_then(|v| v.as_array())
-        .map(|m| m.iter().filter_map(|s| s.as_str()).filter_map(|s| s.split_once(' ')).map(|(a, b)| json!([a, b])).collect())
+        .map(|m| {
+            m.iter()
+                .filter_map(|s| s.as_str())
+                .filter_map(|s| s.split_once(' '))
+                .map(|(a, b)| json!([a, b]))
+                .collect()
+        })
         .unwrap_or_default();
     let mut vocab = serde_json::Map::new();
     for (id, t) in tokens.iter().enumerate() {

@@ -8,8 +8,8 @@ use mlx_rs::Array;
 use super::layers::{Attention, AttentionShape, Embedding, Mlp, RmsNorm, Rope, HOST_HEAD_MAX_ROWS};
 use super::weights::Weights;
 use super::{Architecture, ModelConfig};
-use crate::error::Result;
 use crate::decode::kv_cache::KvCache;
+use crate::error::Result;
 use crate::model::lora::{layer_of, LayerLora, Lora, ProjectionDims};
 
 struct Block {
@@ -83,7 +83,8 @@ pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<Gemma3Text> {
         } else {
             Rope::from_config(cfg, head_dim, global_base)?
         };
-        let norm = |w: &mut Weights, n: &str| RmsNorm::load_plus_one(w, &format!("{p}.{n}"), hidden, eps);
+        let norm =
+            |w: &mut Weights, n: &str| RmsNorm::load_plus_one(w, &format!("{p}.{n}"), hidden, eps);
         blocks.push(Block {
             input_norm: norm(w, "input_layernorm")?,
             attention: Attention::load(w, cfg, &format!("{p}.self_attn"), &shape, rope)?,
@@ -95,10 +96,16 @@ pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<Gemma3Text> {
         windows.push(sliding.then_some(window));
     }
     w.remove_unused("lm_head.weight"); // always tied
-    // The reference implementations multiply by sqrt(hidden) rounded to bf16.
+                                       // The reference implementations multiply by sqrt(hidden) rounded to bf16.
     let embed_scale = half::bf16::from_f32((hidden as f32).sqrt()).to_f32();
     let embed = Embedding::load(w, cfg, "model.embed_tokens", vocab, hidden)?;
-    let dims = ProjectionDims { layers: blocks.len(), hidden, q_out: heads * head_dim, kv_out: shape.kv_heads * head_dim, intermediate: inter };
+    let dims = ProjectionDims {
+        layers: blocks.len(),
+        hidden,
+        q_out: heads * head_dim,
+        kv_out: shape.kv_heads * head_dim,
+        intermediate: inter,
+    };
     Ok(Gemma3Text {
         dims,
         host_head: embed.host_head()?,
@@ -111,7 +118,12 @@ pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<Gemma3Text> {
 }
 
 impl Architecture for Gemma3Text {
-    fn hidden_with(&self, tokens: &Array, caches: &mut [KvCache], lora: Option<&Lora>) -> Result<Array> {
+    fn hidden_with(
+        &self,
+        tokens: &Array,
+        caches: &mut [KvCache],
+        lora: Option<&Lora>,
+    ) -> Result<Array> {
         let mut h = self.embed(tokens)?;
         for (i, (block, cache)) in self.blocks.iter().zip(caches.iter_mut()).enumerate() {
             h = block.forward(&h, cache, layer_of(lora, i))?;

@@ -40,7 +40,9 @@ impl HostHead {
         let data = f32s.as_slice::<f32>();
         let mut quants = vec![0i8; rows * cols];
         let mut scales = vec![0f32; rows * cols / BLOCK];
-        for (b, (block, q)) in data.chunks_exact(BLOCK).zip(quants.chunks_exact_mut(BLOCK)).enumerate() {
+        for (b, (block, q)) in
+            data.chunks_exact(BLOCK).zip(quants.chunks_exact_mut(BLOCK)).enumerate()
+        {
             let amax = block.iter().fold(0f32, |m, x| m.max(x.abs()));
             let d = amax / 127.0;
             scales[b] = d;
@@ -169,7 +171,8 @@ mod tests {
     #[test]
     fn a_table_that_is_not_int8_exact_keeps_the_mlx_head() {
         let (rows, cols) = (4096usize, 4096usize);
-        let data: Vec<f32> = (0..rows * cols).map(|i| ((i * 2654435761) % 1000) as f32 / 997.0 - 0.5).collect();
+        let data: Vec<f32> =
+            (0..rows * cols).map(|i| ((i * 2654435761) % 1000) as f32 / 997.0 - 0.5).collect();
         let table = Array::from_slice(&data, &[rows as i32, cols as i32]);
         assert!(HostHead::new(&table).unwrap().is_none());
     }

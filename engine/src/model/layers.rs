@@ -7,8 +7,8 @@ use mlx_rs::{Array, Dtype};
 
 use super::weights::Weights;
 use super::ModelConfig;
-use crate::error::{EngineError, Result};
 use crate::decode::kv_cache::{AttentionMask, KvCache};
+use crate::error::{EngineError, Result};
 use crate::model::lora::{layer_of, LayerLora, Lora, ProjectionDims, Target};
 
 /// MLX affine quantization parameters of one layer.
@@ -25,7 +25,14 @@ pub enum Linear {
 
 impl Linear {
     /// Load `{prefix}.weight` (and `.scales`/`.biases` when quantized) for an `in -> out` map.
-    pub fn load(w: &mut Weights, cfg: &ModelConfig, prefix: &str, inp: i32, out: i32, bias: bool) -> Result<Linear> {
+    pub fn load(
+        w: &mut Weights,
+        cfg: &ModelConfig,
+        prefix: &str,
+        inp: i32,
+        out: i32,
+        bias: bool,
+    ) -> Result<Linear> {
         let bias = if bias { Some(w.take(&format!("{prefix}.bias"), &[out])?) } else { None };
         if let Some(spec) = quant_of(w, cfg, prefix)? {
             let (weight, scales, biases) = load_quantized(w, prefix, inp, out, spec)?;
@@ -53,21 +60,44 @@ impl Linear {
         }
         let bias = if bias_all { cat(biases.into_iter().flatten().collect()).ok() } else { None };
         if all_dense {
-            let ws: Vec<&Array> = parts.iter().map(|p| match p { Linear::Dense { weight, .. } => weight, _ => unreachable!() }).collect();
+            let ws: Vec<&Array> = parts
+                .iter()
+                .map(|p| match p {
+                    Linear::Dense { weight, .. } => weight,
+                    _ => unreachable!(),
+                })
+                .collect();
             return match cat(ws) {
                 Ok(weight) => Ok(Linear::Dense { weight, bias }),
                 Err(_) => Err(parts),
             };
         }
-        let specs: Vec<Option<QuantSpec>> = parts.iter().map(|p| match p { Linear::Quantized { spec, .. } => Some(*spec), _ => None }).collect();
+        let specs: Vec<Option<QuantSpec>> = parts
+            .iter()
+            .map(|p| match p {
+                Linear::Quantized { spec, .. } => Some(*spec),
+                _ => None,
+            })
+            .collect();
         match specs[0] {
             Some(spec) if specs.iter().all(|s| *s == Some(spec)) => {
                 let pick = |f: fn(&Linear) -> &Array| cat(parts.iter().map(f).collect());
-                let w = pick(|p| match p { Linear::Quantized { weight, .. } => weight, _ => unreachable!() });
-                let sc = pick(|p| match p { Linear::Quantized { scales, .. } => scales, _ => unreachable!() });
-                let bi = pick(|p| match p { Linear::Quantized { biases, .. } => biases, _ => unreachable!() });
+                let w = pick(|p| match p {
+                    Linear::Quantized { weight, .. } => weight,
+                    _ => unreachable!(),
+                });
+                let sc = pick(|p| match p {
+                    Linear::Quantized { scales, .. } => scales,
+                    _ => unreachable!(),
+                });
+                let bi = pick(|p| match p {
+                    Linear::Quantized { biases, .. } => biases,
+                    _ => unreachable!(),
+                });
                 match (w, sc, bi) {
-                    (Ok(weight), Ok(scales), Ok(biases)) => Ok(Linear::Quantized { weight, scales, biases, bias, spec }),
+                    (Ok(weight), Ok(scales), Ok(biases)) => {
+                        Ok(Linear::Quantized { weight, scales, biases, bias, spec })
+                    }
                     _ => Err(parts),
                 }
             }
@@ -80,7 +110,15 @@ impl Linear {
             Linear::Dense { weight, bias: Some(b) } => ops::addmm(b, x, weight.t(), None, None)?,
             Linear::Dense { weight, bias: None } => x.matmul(weight.t())?,
             Linear::Quantized { weight, scales, biases, bias, spec } => {
-                let y = ops::quantized_matmul(x, weight, scales, biases, true, spec.group_size, spec.bits)?;
+                let y = ops::quantized_matmul(
+                    x,
+                    weight,
+                    scales,
+                    biases,
+                    true,
+                    spec.group_size,
+                    spec.bits,
+                )?;
                 match bias {
                     Some(b) => y.add(b)?,
                     None => y,
@@ -98,7 +136,13 @@ pub enum Embedding {
 }
 
 impl Embedding {
-    pub fn load(w: &mut Weights, cfg: &ModelConfig, prefix: &str, vocab: i32, hidden: i32) -> Result<Embedding> {
+    pub fn load(
+        w: &mut Weights,
+        cfg: &ModelConfig,
+        prefix: &str,
+        vocab: i32,
+        hidden: i32,
+    ) -> Result<Embedding> {
         if let Some(spec) = quant_of(w, cfg, prefix)? {
             let (weight, scales, biases) = load_quantized(w, prefix, hidden, vocab, spec)?;
             return Ok(Embedding::Quantized { weight, scales, biases, spec });
@@ -151,7 +195,13 @@ fn quant_of(w: &Weights, cfg: &ModelConfig, prefix: &str) -> Result<Option<Quant
     })
 }
 
-fn load_quantized(w: &mut Weights, prefix: &str, inp: i32, out: i32, spec: QuantSpec) -> Result<(Array, Array, Array)> {
+fn load_quantized(
+    w: &mut Weights,
+    prefix: &str,
+    inp: i32,
+    out: i32,
+    spec: QuantSpec,
+) -> Result<(Array, Array, Array)> {
     let packed = inp * spec.bits / 32;
     let groups = inp / spec.group_size;
     let name = format!("{prefix}.weight");
@@ -194,9 +244,18 @@ impl RmsNorm {
 
 /// Rotary position embedding, with the scalings Llama-family configs use.
 pub enum Rope {
-    Base { dims: i32, base: f32, scale: f32, traditional: bool },
+    Base {
+        dims: i32,
+        base: f32,
+        scale: f32,
+        traditional: bool,
+    },
     /// Explicit per-dimension periods (Llama 3 scaling), passed to MLX's fused kernel.
-    Freqs { dims: i32, freqs: Array, traditional: bool },
+    Freqs {
+        dims: i32,
+        freqs: Array,
+        traditional: bool,
+    },
 }
 
 impl Rope {
@@ -210,10 +269,13 @@ impl Rope {
             .or_else(|| scaling.get("type"))
             .and_then(|v| v.as_str())
             .unwrap_or("default");
-        let num = |key: &str, default: f64| scaling.get(key).and_then(|v| v.as_f64()).unwrap_or(default);
+        let num =
+            |key: &str, default: f64| scaling.get(key).and_then(|v| v.as_f64()).unwrap_or(default);
         match kind {
             "default" => Ok(Rope::Base { dims, base, scale: 1.0, traditional }),
-            "linear" => Ok(Rope::Base { dims, base, scale: 1.0 / num("factor", 1.0) as f32, traditional }),
+            "linear" => {
+                Ok(Rope::Base { dims, base, scale: 1.0 / num("factor", 1.0) as f32, traditional })
+            }
             "llama3" => {
                 let freqs = llama3_periods(
                     dims,
@@ -223,11 +285,17 @@ impl Rope {
                     num("high_freq_factor", 4.0),
                     num("original_max_position_embeddings", 8192.0),
                 );
-                Ok(Rope::Freqs { dims, freqs: Array::from_slice(&freqs, &[freqs.len() as i32]), traditional })
+                Ok(Rope::Freqs {
+                    dims,
+                    freqs: Array::from_slice(&freqs, &[freqs.len() as i32]),
+                    traditional,
+                })
             }
             other => Err(EngineError::Config {
                 file: cfg.file.clone(),
-                msg: format!("rope_scaling type `{other}` is not supported (default, linear, llama3 are)"),
+                msg: format!(
+                    "rope_scaling type `{other}` is not supported (default, linear, llama3 are)"
+                ),
             }),
         }
     }
@@ -246,7 +314,14 @@ impl Rope {
 
 /// Llama 3's frequency-dependent stretch: long wavelengths are slowed by `factor`, short ones
 /// kept, and the band between is interpolated. Returns periods (base^(2i/d)), as MLX expects.
-fn llama3_periods(dims: i32, base: f64, factor: f64, low: f64, high: f64, old_ctx: f64) -> Vec<f32> {
+fn llama3_periods(
+    dims: i32,
+    base: f64,
+    factor: f64,
+    low: f64,
+    high: f64,
+    old_ctx: f64,
+) -> Vec<f32> {
     let low_wavelen = old_ctx / low;
     let high_wavelen = old_ctx / high;
     (0..dims / 2)
@@ -327,7 +402,13 @@ pub struct Attention {
 }
 
 impl Attention {
-    pub fn load(w: &mut Weights, cfg: &ModelConfig, prefix: &str, s: &AttentionShape, rope: Rope) -> Result<Attention> {
+    pub fn load(
+        w: &mut Weights,
+        cfg: &ModelConfig,
+        prefix: &str,
+        s: &AttentionShape,
+        rope: Rope,
+    ) -> Result<Attention> {
         let (q_out, kv_out) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
         let norm = |w: &mut Weights, n: &str| -> Result<Option<RmsNorm>> {
             let name = format!("{prefix}.{n}");
@@ -356,7 +437,12 @@ impl Attention {
 
     /// `x`: [B, L, hidden]. Appends this step's keys/values to `cache`; `lora` adds an
     /// adapter's updates to the projections it targets.
-    pub fn forward(&self, x: &Array, cache: &mut KvCache, lora: Option<&LayerLora>) -> Result<Array> {
+    pub fn forward(
+        &self,
+        x: &Array,
+        cache: &mut KvCache,
+        lora: Option<&LayerLora>,
+    ) -> Result<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let split = |y: Array, heads: i32, norm: &Option<RmsNorm>| -> Result<Array> {
             let y = y.reshape(&[b, l, heads, self.head_dim])?;
@@ -388,7 +474,8 @@ impl Attention {
             AttentionMask::Array(m) => Some(ScaledDotProductAttentionMask::Array(m)),
         };
         let out = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask, None)?;
-        let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * self.head_dim])?;
+        let out =
+            out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * self.head_dim])?;
         match lora {
             Some(l) => l.apply(Target::O, &out, self.o.forward(&out)?),
             None => self.o.forward(&out),
@@ -405,7 +492,14 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    pub fn load(w: &mut Weights, cfg: &ModelConfig, prefix: &str, hidden: i32, inter: i32, bias: bool) -> Result<Mlp> {
+    pub fn load(
+        w: &mut Weights,
+        cfg: &ModelConfig,
+        prefix: &str,
+        hidden: i32,
+        inter: i32,
+        bias: bool,
+    ) -> Result<Mlp> {
         let gate = Linear::load(w, cfg, &format!("{prefix}.gate_proj"), hidden, inter, bias)?;
         let up = Linear::load(w, cfg, &format!("{prefix}.up_proj"), hidden, inter, bias)?;
         Ok(Mlp {
@@ -415,7 +509,13 @@ impl Mlp {
         })
     }
 
-    pub fn load_geglu(w: &mut Weights, cfg: &ModelConfig, prefix: &str, hidden: i32, inter: i32) -> Result<Mlp> {
+    pub fn load_geglu(
+        w: &mut Weights,
+        cfg: &ModelConfig,
+        prefix: &str,
+        hidden: i32,
+        inter: i32,
+    ) -> Result<Mlp> {
         Ok(Mlp { gelu: true, ..Mlp::load(w, cfg, prefix, hidden, inter, false)? })
     }
 
@@ -426,7 +526,8 @@ impl Mlp {
             gate = l.apply(Target::Gate, x, gate)?;
             up = l.apply(Target::Up, x, up)?;
         }
-        let g = if self.gelu { mlx_rs::nn::gelu_approximate(gate)? } else { mlx_rs::nn::silu(gate)? };
+        let g =
+            if self.gelu { mlx_rs::nn::gelu_approximate(gate)? } else { mlx_rs::nn::silu(gate)? };
         let h = g.multiply(up)?;
         match lora {
             Some(l) => l.apply(Target::Down, &h, self.down.forward(&h)?),
@@ -446,7 +547,12 @@ pub struct PreNormBlock {
 
 impl PreNormBlock {
     /// Load `{p}.input_layernorm`, `{p}.self_attn.*`, `{p}.post_attention_layernorm`, `{p}.mlp.*`.
-    pub fn load(cfg: &ModelConfig, w: &mut Weights, p: &str, s: &StackShape) -> Result<PreNormBlock> {
+    pub fn load(
+        cfg: &ModelConfig,
+        w: &mut Weights,
+        p: &str,
+        s: &StackShape,
+    ) -> Result<PreNormBlock> {
         let hidden = s.attention.hidden;
         // Some exports carry precomputed rotary tables; they are derived from the config.
         w.remove_unused(&format!("{p}.self_attn.rotary_emb.inv_freq"));
@@ -454,12 +560,22 @@ impl PreNormBlock {
         Ok(PreNormBlock {
             input_norm: RmsNorm::load(w, &format!("{p}.input_layernorm"), hidden, s.norm_eps)?,
             attention: Attention::load(w, cfg, &format!("{p}.self_attn"), &s.attention, rope)?,
-            post_attention_norm: RmsNorm::load(w, &format!("{p}.post_attention_layernorm"), hidden, s.norm_eps)?,
+            post_attention_norm: RmsNorm::load(
+                w,
+                &format!("{p}.post_attention_layernorm"),
+                hidden,
+                s.norm_eps,
+            )?,
             mlp: Mlp::load(w, cfg, &format!("{p}.mlp"), hidden, s.intermediate, s.mlp_bias)?,
         })
     }
 
-    pub fn forward(&self, x: &Array, cache: &mut KvCache, lora: Option<&LayerLora>) -> Result<Array> {
+    pub fn forward(
+        &self,
+        x: &Array,
+        cache: &mut KvCache,
+        lora: Option<&LayerLora>,
+    ) -> Result<Array> {
         let h = x.add(self.attention.forward(&self.input_norm.forward(x)?, cache, lora)?)?;
         Ok(h.add(self.mlp.forward(&self.post_attention_norm.forward(&h)?, lora)?)?)
     }
@@ -483,7 +599,12 @@ pub struct DecoderStack {
 pub const HOST_HEAD_MAX_ROWS: i32 = 32;
 
 impl DecoderStack {
-    pub fn hidden(&self, tokens: &Array, caches: &mut [KvCache], lora: Option<&Lora>) -> Result<Array> {
+    pub fn hidden(
+        &self,
+        tokens: &Array,
+        caches: &mut [KvCache],
+        lora: Option<&Lora>,
+    ) -> Result<Array> {
         let mut h = self.embed.forward(tokens)?;
         for (i, (block, cache)) in self.blocks.iter().zip(caches.iter_mut()).enumerate() {
             h = block.forward(&h, cache, layer_of(lora, i))?;
@@ -540,7 +661,12 @@ impl StackShape {
 }
 
 impl super::Architecture for DecoderStack {
-    fn hidden_with(&self, tokens: &Array, caches: &mut [KvCache], lora: Option<&Lora>) -> Result<Array> {
+    fn hidden_with(
+        &self,
+        tokens: &Array,
+        caches: &mut [KvCache],
+        lora: Option<&Lora>,
+    ) -> Result<Array> {
         DecoderStack::hidden(self, tokens, caches, lora)
     }
 
@@ -587,10 +713,20 @@ impl DecoderStack {
         if tied {
             w.remove_unused("lm_head.weight");
         }
-        let lm_head = if tied { None } else { Some(Linear::load(w, cfg, "lm_head", hidden, s.vocab, false)?) };
+        let lm_head = if tied {
+            None
+        } else {
+            Some(Linear::load(w, cfg, "lm_head", hidden, s.vocab, false)?)
+        };
         let host_head = if tied { embed.host_head()? } else { None };
         let a = &s.attention;
-        let dims = ProjectionDims { layers: blocks.len(), hidden, q_out: a.heads * a.head_dim, kv_out: a.kv_heads * a.head_dim, intermediate: s.intermediate };
+        let dims = ProjectionDims {
+            layers: blocks.len(),
+            hidden,
+            q_out: a.heads * a.head_dim,
+            kv_out: a.kv_heads * a.head_dim,
+            intermediate: s.intermediate,
+        };
         Ok(DecoderStack { embed, blocks, norm, lm_head, host_head, dims })
     }
 }

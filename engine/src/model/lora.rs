@@ -16,7 +16,8 @@ use serde_json::json;
 use crate::error::{EngineError, Result};
 
 /// The projections an adapter may target, in the order a layer stores them.
-pub const TARGETS: [&str; 7] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+pub const TARGETS: [&str; 7] =
+    ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
@@ -30,7 +31,8 @@ pub enum Target {
 }
 
 impl Target {
-    pub const ALL: [Target; 7] = [Target::Q, Target::K, Target::V, Target::O, Target::Gate, Target::Up, Target::Down];
+    pub const ALL: [Target; 7] =
+        [Target::Q, Target::K, Target::V, Target::O, Target::Gate, Target::Up, Target::Down];
 
     pub fn parse(name: &str) -> Option<Target> {
         TARGETS.iter().position(|t| *t == name).map(|i| Target::ALL[i])
@@ -93,7 +95,8 @@ impl LayerLora {
         let Some(p) = &self.pairs[t as usize] else { return Ok(base) };
         let x = if x.dtype() == p.a.dtype() { x.clone() } else { x.as_dtype(p.a.dtype())? };
         let delta = x.matmul(&p.a)?.matmul(&p.b)?.multiply(Array::from_f32(self.scale))?;
-        let delta = if delta.dtype() == base.dtype() { delta } else { delta.as_dtype(base.dtype())? };
+        let delta =
+            if delta.dtype() == base.dtype() { delta } else { delta.as_dtype(base.dtype())? };
         Ok(base.add(delta)?)
     }
 }
@@ -121,7 +124,14 @@ impl LoraSpec {
     fn targets(&self) -> Result<Vec<Target>> {
         self.targets
             .iter()
-            .map(|t| Target::parse(t).ok_or_else(|| EngineError::InvalidRequest(format!("unknown LoRA target `{t}` (one of {})", TARGETS.join(", ")))))
+            .map(|t| {
+                Target::parse(t).ok_or_else(|| {
+                    EngineError::InvalidRequest(format!(
+                        "unknown LoRA target `{t}` (one of {})",
+                        TARGETS.join(", ")
+                    ))
+                })
+            })
             .collect()
     }
 
@@ -141,23 +151,39 @@ pub struct Lora {
 
 impl Lora {
     /// Assemble from parameters laid out as `slots` (A then B for each slot).
-    pub fn from_params(spec: &LoraSpec, dims: &ProjectionDims, slots: &[(usize, Target)], params: &[Array]) -> Lora {
+    pub fn from_params(
+        spec: &LoraSpec,
+        dims: &ProjectionDims,
+        slots: &[(usize, Target)],
+        params: &[Array],
+    ) -> Lora {
         let mut layers = vec![LayerLora { scale: spec.scale(), ..Default::default() }; dims.layers];
         for (i, (layer, t)) in slots.iter().enumerate() {
-            layers[*layer].pairs[*t as usize] = Some(LoraPair { a: params[2 * i].clone(), b: params[2 * i + 1].clone() });
+            layers[*layer].pairs[*t as usize] =
+                Some(LoraPair { a: params[2 * i].clone(), b: params[2 * i + 1].clone() });
         }
         Lora { layers }
     }
 
     /// Fresh parameters: A uniform in ±1/sqrt(in) and B zero, so training starts from the
     /// base model exactly.
-    pub fn init_params(spec: &LoraSpec, dims: &ProjectionDims, slots: &[(usize, Target)], seed: u64) -> Result<Vec<Array>> {
+    pub fn init_params(
+        spec: &LoraSpec,
+        dims: &ProjectionDims,
+        slots: &[(usize, Target)],
+        seed: u64,
+    ) -> Result<Vec<Array>> {
         let mut params = Vec::with_capacity(slots.len() * 2);
         for (i, (_, t)) in slots.iter().enumerate() {
             let (inp, out) = dims.of(*t);
             let bound = 1.0 / (inp as f32).sqrt();
             let k = mlx_rs::random::key(seed.wrapping_mul(1_000_003).wrapping_add(i as u64))?;
-            params.push(mlx_rs::random::uniform::<_, f32>(-bound, bound, &[inp, spec.rank][..], &k)?);
+            params.push(mlx_rs::random::uniform::<_, f32>(
+                -bound,
+                bound,
+                &[inp, spec.rank][..],
+                &k,
+            )?);
             params.push(zeros_dtype(&[spec.rank, out], Dtype::Float32)?);
         }
         Ok(params)
@@ -165,7 +191,14 @@ impl Lora {
 
     /// Save `adapters.safetensors` and `adapter_config.json` into `dir` (written beside, then
     /// renamed, so a reader never sees half a file).
-    pub fn save(dir: &Path, spec: &LoraSpec, dims: &ProjectionDims, slots: &[(usize, Target)], params: &[Array], meta: serde_json::Value) -> Result<()> {
+    pub fn save(
+        dir: &Path,
+        spec: &LoraSpec,
+        dims: &ProjectionDims,
+        slots: &[(usize, Target)],
+        params: &[Array],
+        meta: serde_json::Value,
+    ) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(EngineError::io(dir))?;
         let mut tensors: Vec<(String, &Array)> = Vec::new();
         for (i, (layer, t)) in slots.iter().enumerate() {
@@ -174,7 +207,8 @@ impl Lora {
             tensors.push((format!("{p}.lora_b"), &params[2 * i + 1]));
         }
         let tmp = dir.join("adapters.tmp.safetensors");
-        Array::save_safetensors(tensors, None, &tmp).map_err(|e| EngineError::Internal(format!("cannot write {}: {e}", tmp.display())))?;
+        Array::save_safetensors(tensors, None, &tmp)
+            .map_err(|e| EngineError::Internal(format!("cannot write {}: {e}", tmp.display())))?;
         std::fs::rename(&tmp, dir.join("adapters.safetensors")).map_err(EngineError::io(dir))?;
         let config = json!({
             "fine_tune_type": "lora",
@@ -182,7 +216,8 @@ impl Lora {
             "lora_parameters": {"rank": spec.rank, "scale": spec.scale(), "alpha": spec.alpha, "dropout": 0.0, "keys": spec.targets.iter().map(|t| format!("{}.{t}", Target::parse(t).map_or("", |t| t.module()))).collect::<Vec<_>>()},
             "perch": meta,
         });
-        let text = serde_json::to_string_pretty(&config).map_err(|e| EngineError::Internal(e.to_string()))?;
+        let text = serde_json::to_string_pretty(&config)
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
         let tmp = dir.join("adapter_config.json.tmp");
         std::fs::write(&tmp, text).map_err(EngineError::io(&tmp))?;
         std::fs::rename(&tmp, dir.join("adapter_config.json")).map_err(EngineError::io(dir))?;
@@ -193,19 +228,29 @@ impl Lora {
     pub fn load(dir: &Path, dims: &ProjectionDims) -> Result<Lora> {
         let cfg_file = dir.join("adapter_config.json");
         let text = std::fs::read_to_string(&cfg_file).map_err(EngineError::io(&cfg_file))?;
-        let cfg: serde_json::Value = serde_json::from_str(&text).map_err(|e| EngineError::Config { file: cfg_file.clone(), msg: e.to_string() })?;
-        let scale = cfg["lora_parameters"]["scale"].as_f64().ok_or_else(|| EngineError::Config { file: cfg_file.clone(), msg: "missing lora_parameters.scale".into() })? as f32;
+        let cfg: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| EngineError::Config { file: cfg_file.clone(), msg: e.to_string() })?;
+        let scale = cfg["lora_parameters"]["scale"].as_f64().ok_or_else(|| EngineError::Config {
+            file: cfg_file.clone(),
+            msg: "missing lora_parameters.scale".into(),
+        })? as f32;
         let file = dir.join("adapters.safetensors");
-        let tensors: HashMap<String, Array> = Array::load_safetensors(&file).map_err(|e| EngineError::BadWeights { file: file.clone(), msg: e.to_string() })?;
+        let tensors: HashMap<String, Array> = Array::load_safetensors(&file)
+            .map_err(|e| EngineError::BadWeights { file: file.clone(), msg: e.to_string() })?;
         let mut layers = vec![LayerLora { scale, ..Default::default() }; dims.layers];
         let bad = |msg: String| EngineError::BadWeights { file: file.clone(), msg };
         for (name, a) in &tensors {
             let Some(prefix) = name.strip_suffix(".lora_a") else { continue };
             let parts: Vec<&str> = prefix.split('.').collect();
-            let (Some(layer), Some(t)) = (parts.get(2).and_then(|l| l.parse::<usize>().ok()), parts.last().and_then(|t| Target::parse(t))) else {
+            let (Some(layer), Some(t)) = (
+                parts.get(2).and_then(|l| l.parse::<usize>().ok()),
+                parts.last().and_then(|t| Target::parse(t)),
+            ) else {
                 return Err(bad(format!("unexpected tensor `{name}`")));
             };
-            let b = tensors.get(&format!("{prefix}.lora_b")).ok_or_else(|| bad(format!("`{prefix}.lora_b` is missing")))?;
+            let b = tensors
+                .get(&format!("{prefix}.lora_b"))
+                .ok_or_else(|| bad(format!("`{prefix}.lora_b` is missing")))?;
             let (inp, out) = dims.of(t);
             let rank = a.shape().get(1).copied().unwrap_or(0);
             if layer >= dims.layers || a.shape() != [inp, rank] || b.shape() != [rank, out] {
@@ -222,7 +267,10 @@ impl Lora {
 
 /// Adapter names are directory names: letters, digits, `-`, `_`, `.`, not starting with `.`.
 pub fn valid_name(name: &str) -> bool {
-    !name.is_empty() && name.len() <= 64 && !name.starts_with('.') && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
 /// Where adapters of model `base` live: `<models>/.adapters/<base with / as -->/<name>`.
@@ -255,16 +303,29 @@ mod tests {
 
     #[test]
     fn slots_follow_layers_and_targets() {
-        let spec = LoraSpec { rank: 2, alpha: 4.0, targets: vec!["q_proj".into(), "down_proj".into()], layers: Some(2) };
+        let spec = LoraSpec {
+            rank: 2,
+            alpha: 4.0,
+            targets: vec!["q_proj".into(), "down_proj".into()],
+            layers: Some(2),
+        };
         let slots = spec.slots(&dims()).unwrap();
-        assert_eq!(slots, vec![(1, Target::Q), (1, Target::Down), (2, Target::Q), (2, Target::Down)]);
+        assert_eq!(
+            slots,
+            vec![(1, Target::Q), (1, Target::Down), (2, Target::Q), (2, Target::Down)]
+        );
         let bad = LoraSpec { targets: vec!["qkv".into()], ..spec };
         assert!(bad.slots(&dims()).is_err());
     }
 
     #[test]
     fn fresh_adapter_changes_nothing_and_round_trips() {
-        let spec = LoraSpec { rank: 2, alpha: 4.0, targets: vec!["q_proj".into(), "v_proj".into()], layers: None };
+        let spec = LoraSpec {
+            rank: 2,
+            alpha: 4.0,
+            targets: vec!["q_proj".into(), "v_proj".into()],
+            layers: None,
+        };
         let d = dims();
         let slots = spec.slots(&d).unwrap();
         let params = Lora::init_params(&spec, &d, &slots, 7).unwrap();
@@ -278,7 +339,16 @@ mod tests {
         let mut params = params;
         params[1] = mlx_rs::ops::ones::<f32>(&[2, 8]).unwrap();
         let lora = Lora::from_params(&spec, &d, &slots, &params);
-        let want = base.add(x.matmul(&params[0]).unwrap().matmul(&params[1]).unwrap().multiply(Array::from_f32(2.0)).unwrap()).unwrap();
+        let want = base
+            .add(
+                x.matmul(&params[0])
+                    .unwrap()
+                    .matmul(&params[1])
+                    .unwrap()
+                    .multiply(Array::from_f32(2.0))
+                    .unwrap(),
+            )
+            .unwrap();
         let y = lora.layers[0].apply(Target::Q, &x, base.clone()).unwrap();
         assert!(y.all_close(&want, 1e-5, 1e-5, None).unwrap());
         let dir = tempfile::tempdir().unwrap();

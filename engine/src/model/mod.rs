@@ -5,8 +5,8 @@
 pub mod gemma3_text;
 pub mod host_head;
 pub mod layers;
-pub mod lora;
 pub mod llama;
+pub mod lora;
 pub mod mtp;
 pub mod qwen2;
 pub mod qwen3;
@@ -18,10 +18,10 @@ use std::path::{Path, PathBuf};
 use mlx_rs::{Array, Dtype};
 use serde_json::Value;
 
-use crate::error::{EngineError, Result};
 use crate::decode::kv_cache::KvCache;
-use crate::tokenizer::Tokenizer;
+use crate::error::{EngineError, Result};
 use crate::model::lora::{Lora, ProjectionDims};
+use crate::tokenizer::Tokenizer;
 use layers::QuantSpec;
 use weights::Weights;
 
@@ -32,7 +32,12 @@ pub trait Architecture: Send {
     /// `tokens`: [B, L] int32 → final hidden states [B, L, hidden] (after the last norm, as
     /// the output head and an MTP head read them); appends to `caches` (one per layer).
     /// `lora` adds an adapter to the projections it targets.
-    fn hidden_with(&self, tokens: &Array, caches: &mut [KvCache], lora: Option<&Lora>) -> Result<Array>;
+    fn hidden_with(
+        &self,
+        tokens: &Array,
+        caches: &mut [KvCache],
+        lora: Option<&Lora>,
+    ) -> Result<Array>;
     fn hidden(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
         self.hidden_with(tokens, caches, None)
     }
@@ -68,18 +73,23 @@ impl ModelConfig {
     pub fn read(dir: &Path) -> Result<ModelConfig> {
         let file = dir.join("config.json");
         let text = std::fs::read_to_string(&file).map_err(EngineError::io(&file))?;
-        let raw: Value = serde_json::from_str(&text)
-            .map_err(|e| EngineError::Config { file: file.clone(), msg: format!("not valid JSON: {e}") })?;
+        let raw: Value = serde_json::from_str(&text).map_err(|e| EngineError::Config {
+            file: file.clone(),
+            msg: format!("not valid JSON: {e}"),
+        })?;
         if !raw.is_object() {
             return Err(EngineError::Config { file, msg: "expected a JSON object".into() });
         }
-        let mut cfg = ModelConfig { file, raw, quant_default: None, quant_overrides: HashMap::new() };
+        let mut cfg =
+            ModelConfig { file, raw, quant_default: None, quant_overrides: HashMap::new() };
         cfg.read_quantization()?;
         Ok(cfg)
     }
 
     fn read_quantization(&mut self) -> Result<()> {
-        let Some(q) = self.raw.get("quantization").or_else(|| self.raw.get("quantization_config")).cloned() else {
+        let Some(q) =
+            self.raw.get("quantization").or_else(|| self.raw.get("quantization_config")).cloned()
+        else {
             return Ok(());
         };
         let spec = |v: &Value| -> Option<QuantSpec> {
@@ -90,10 +100,14 @@ impl ModelConfig {
         };
         if let Some(mode) = q.get("mode").and_then(|m| m.as_str()) {
             if mode != "affine" {
-                return Err(self.err(format!("quantization mode `{mode}` is not supported (affine is)")));
+                return Err(
+                    self.err(format!("quantization mode `{mode}` is not supported (affine is)"))
+                );
             }
         }
-        self.quant_default = Some(spec(&q).ok_or_else(|| self.err("`quantization` needs group_size and bits".into()))?);
+        self.quant_default = Some(
+            spec(&q).ok_or_else(|| self.err("`quantization` needs group_size and bits".into()))?,
+        );
         for (key, value) in q.as_object().into_iter().flatten() {
             if value.is_object() {
                 self.quant_overrides.insert(key.clone(), spec(value));
@@ -116,11 +130,18 @@ impl ModelConfig {
     }
 
     pub fn str(&self, key: &str) -> Result<&str> {
-        self.raw.get(key).and_then(|v| v.as_str()).ok_or_else(|| self.err(format!("missing string `{key}`")))
+        self.raw
+            .get(key)
+            .and_then(|v| v.as_str())
+            .ok_or_else(|| self.err(format!("missing string `{key}`")))
     }
 
     pub fn int(&self, key: &str) -> Result<i32> {
-        self.raw.get(key).and_then(|v| v.as_i64()).map(|v| v as i32).ok_or_else(|| self.err(format!("missing integer `{key}`")))
+        self.raw
+            .get(key)
+            .and_then(|v| v.as_i64())
+            .map(|v| v as i32)
+            .ok_or_else(|| self.err(format!("missing integer `{key}`")))
     }
 
     pub fn int_or(&self, key: &str, default: i32) -> Result<i32> {
@@ -145,7 +166,9 @@ impl ModelConfig {
     pub fn token_ids(&self, key: &str) -> Vec<u32> {
         match self.raw.get(key) {
             Some(Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
-            Some(Value::Array(list)) => list.iter().filter_map(|v| v.as_u64()).map(|n| n as u32).collect(),
+            Some(Value::Array(list)) => {
+                list.iter().filter_map(|v| v.as_u64()).map(|n| n as u32).collect()
+            }
             _ => vec![],
         }
     }
@@ -186,14 +209,19 @@ impl LoadedModel {
         if let Some(t) = self.token_texts.get() {
             return Ok(t);
         }
-        let texts = (0..self.vocab_size as u32).map(|id| self.tokenizer.decode(&[id]).unwrap_or_default()).collect();
+        let texts = (0..self.vocab_size as u32)
+            .map(|id| self.tokenizer.decode(&[id]).unwrap_or_default())
+            .collect();
         Ok(self.token_texts.get_or_init(|| texts))
     }
 }
 
 impl std::fmt::Debug for LoadedModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LoadedModel").field("id", &self.id).field("architecture", &self.architecture).finish()
+        f.debug_struct("LoadedModel")
+            .field("id", &self.id)
+            .field("architecture", &self.architecture)
+            .finish()
     }
 }
 
@@ -221,14 +249,20 @@ pub fn load_model(dir: &Path) -> Result<LoadedModel> {
         "qwen3" => Some(qwen3::shape(&cfg)?),
         _ => None,
     };
-    let (net, mtp): (Box<dyn Architecture>, Option<mtp::MtpHead>) = match (architecture.as_str(), &stack_shape) {
-        (_, Some(shape)) => {
-            let stack = layers::DecoderStack::load(&cfg, &mut weights, shape)?;
-            (Box::new(stack), mtp::MtpHead::load(&cfg, &mut weights, shape)?)
-        }
-        ("gemma3_text", None) => (Box::new(gemma3_text::load(&cfg, &mut weights)?), None),
-        (other, None) => return Err(EngineError::UnknownArchitecture(other.to_string(), SUPPORTED_ARCHITECTURES)),
-    };
+    let (net, mtp): (Box<dyn Architecture>, Option<mtp::MtpHead>) =
+        match (architecture.as_str(), &stack_shape) {
+            (_, Some(shape)) => {
+                let stack = layers::DecoderStack::load(&cfg, &mut weights, shape)?;
+                (Box::new(stack), mtp::MtpHead::load(&cfg, &mut weights, shape)?)
+            }
+            ("gemma3_text", None) => (Box::new(gemma3_text::load(&cfg, &mut weights)?), None),
+            (other, None) => {
+                return Err(EngineError::UnknownArchitecture(
+                    other.to_string(),
+                    SUPPORTED_ARCHITECTURES,
+                ))
+            }
+        };
     let leftover = weights.leftover();
     if !leftover.is_empty() {
         return Err(EngineError::BadWeights {

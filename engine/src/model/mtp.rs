@@ -23,8 +23,8 @@ use mlx_rs::Array;
 use super::layers::{Linear, PreNormBlock, RmsNorm, StackShape};
 use super::weights::Weights;
 use super::{Architecture, ModelConfig};
-use crate::error::Result;
 use crate::decode::kv_cache::KvCache;
+use crate::error::Result;
 
 pub struct MtpHead {
     embed_norm: RmsNorm,
@@ -71,7 +71,13 @@ impl MtpHead {
     /// `hidden`: [1, L, H] main (or previous MTP) hidden states at positions t..t+L;
     /// `tokens`: [1, L] the tokens at t+1..t+L+1. Returns the MTP hidden states [1, L, H], which
     /// `main.logits` turns into predictions for t+2..t+L+2.
-    pub fn forward(&self, main: &dyn Architecture, hidden: &Array, tokens: &Array, cache: &mut KvCache) -> Result<Array> {
+    pub fn forward(
+        &self,
+        main: &dyn Architecture,
+        hidden: &Array,
+        tokens: &Array,
+        cache: &mut KvCache,
+    ) -> Result<Array> {
         let e = self.embed_norm.forward(&main.embed(tokens)?)?;
         let h = self.hidden_norm.forward(hidden)?;
         let x = self.fc.forward(&concatenate(&[e, h], -1)?)?;

@@ -24,10 +24,8 @@ impl Weights {
         let mut tensors = HashMap::new();
         for file in files {
             check_header(&file)?;
-            let arrays = Array::load_safetensors(&file).map_err(|e| EngineError::BadWeights {
-                file: file.clone(),
-                msg: e.to_string(),
-            })?;
+            let arrays = Array::load_safetensors(&file)
+                .map_err(|e| EngineError::BadWeights { file: file.clone(), msg: e.to_string() })?;
             for (name, array) in arrays {
                 tensors.insert(name, (array, file.clone()));
             }
@@ -148,7 +146,8 @@ fn check_header(file: &Path) -> Result<()> {
     let mut f = File::open(file).map_err(EngineError::io(file))?;
     let size = f.metadata().map_err(EngineError::io(file))?.len();
     let mut len = [0u8; 8];
-    f.read_exact(&mut len).map_err(|_| bad("truncated: shorter than a safetensors header".into()))?;
+    f.read_exact(&mut len)
+        .map_err(|_| bad("truncated: shorter than a safetensors header".into()))?;
     let header_len = u64::from_le_bytes(len);
     if header_len > 100 << 20 || 8 + header_len > size {
         return Err(bad(format!("truncated or not safetensors: header of {header_len} bytes")));

@@ -13,10 +13,10 @@ use tokio::sync::oneshot;
 use super::engine::{Engine, Worker};
 use super::ladder::RungWork;
 use super::warmup::WarmupWork;
-use crate::error::{EngineError, Result};
 use crate::decode::common::token_array;
-use crate::decode::{generate, DraftMode, GenerateParams};
 use crate::decode::kv_cache::KvCache;
+use crate::decode::{generate, DraftMode, GenerateParams};
+use crate::error::{EngineError, Result};
 
 /// A ladder rung in progress: its caches live on the MLX thread between chunks.
 pub(crate) struct Scratch {
@@ -37,7 +37,10 @@ impl WorkerWork {
         WorkerWork { engine: Arc::downgrade(engine), model: model.to_string() }
     }
 
-    fn submit<T: Send + 'static>(&self, f: impl FnOnce(&mut Worker, &str) -> Result<T> + Send + 'static) -> oneshot::Receiver<Result<T>> {
+    fn submit<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Worker, &str) -> Result<T> + Send + 'static,
+    ) -> oneshot::Receiver<Result<T>> {
         let model = self.model.clone();
         let sent = match self.engine.upgrade() {
             Some(engine) => engine.on_worker_async(move |w| f(w, &model)),
@@ -50,13 +53,21 @@ impl WorkerWork {
         })
     }
 
-    fn submit_boxed(&self, f: impl FnOnce(&mut Worker, &str) -> Result<()> + Send + 'static) -> BoxFuture<'static, Result<()>> {
+    fn submit_boxed(
+        &self,
+        f: impl FnOnce(&mut Worker, &str) -> Result<()> + Send + 'static,
+    ) -> BoxFuture<'static, Result<()>> {
         let rx = self.submit(f);
-        Box::pin(async move { rx.await.map_err(|_| EngineError::Internal("background task dropped".into()))? })
+        Box::pin(async move {
+            rx.await.map_err(|_| EngineError::Internal("background task dropped".into()))?
+        })
     }
 }
 
-fn model_of<'w>(models: &'w std::collections::HashMap<String, crate::model::LoadedModel>, id: &str) -> Result<&'w crate::model::LoadedModel> {
+fn model_of<'w>(
+    models: &'w std::collections::HashMap<String, crate::model::LoadedModel>,
+    id: &str,
+) -> Result<&'w crate::model::LoadedModel> {
     models.get(id).ok_or_else(|| EngineError::Internal(format!("model `{id}` is not loaded")))
 }
 
@@ -76,13 +87,24 @@ impl WarmupWork for WorkerWork {
 }
 
 impl RungWork for WorkerWork {
-    fn prefill_chunk(&self, rung: usize, start: usize, len: usize) -> BoxFuture<'static, Result<()>> {
+    fn prefill_chunk(
+        &self,
+        rung: usize,
+        start: usize,
+        len: usize,
+    ) -> BoxFuture<'static, Result<()>> {
         self.submit_boxed(move |w, id| {
             let model = model_of(&w.models, id)?;
-            let fresh = start == 0 || w.scratch.as_ref().is_none_or(|s| s.model != id || s.tokens.len() != rung);
+            let fresh = start == 0
+                || w.scratch.as_ref().is_none_or(|s| s.model != id || s.tokens.len() != rung);
             if fresh {
                 let tokens = super::warmup::prompt_of_length(model, rung)?;
-                w.scratch = Some(Scratch { model: id.to_string(), caches: model.net.new_caches(), tokens, last: None });
+                w.scratch = Some(Scratch {
+                    model: id.to_string(),
+                    caches: model.net.new_caches(),
+                    tokens,
+                    last: None,
+                });
             }
             let s = w.scratch.as_mut().unwrap();
             let end = (start + len).min(s.tokens.len());
@@ -90,7 +112,9 @@ impl RungWork for WorkerWork {
             if end == s.tokens.len() {
                 let y = argmax_axis(logits.index((.., -1, ..)), -1, None)?;
                 eval([&y])?;
-                s.last = Some(y.try_item_cast::<u32>().map_err(|e| EngineError::Internal(e.to_string()))?);
+                s.last = Some(
+                    y.try_item_cast::<u32>().map_err(|e| EngineError::Internal(e.to_string()))?,
+                );
             } else {
                 eval(s.caches.iter().flat_map(|c| c.state()))?;
             }
@@ -101,12 +125,18 @@ impl RungWork for WorkerWork {
     fn decode_step(&self) -> BoxFuture<'static, Result<()>> {
         self.submit_boxed(move |w, id| {
             let model = model_of(&w.models, id)?;
-            let s = w.scratch.as_mut().filter(|s| s.model == id).ok_or_else(|| EngineError::Internal("no rung in progress".into()))?;
-            let last = s.last.ok_or_else(|| EngineError::Internal("decode before prefill".into()))?;
+            let s = w
+                .scratch
+                .as_mut()
+                .filter(|s| s.model == id)
+                .ok_or_else(|| EngineError::Internal("no rung in progress".into()))?;
+            let last =
+                s.last.ok_or_else(|| EngineError::Internal("decode before prefill".into()))?;
             let logits = model.forward(&token_array(&[last]), &mut s.caches)?;
             let y = argmax_axis(logits.index((.., -1, ..)), -1, None)?;
             eval([&y])?;
-            s.last = Some(y.try_item_cast::<u32>().map_err(|e| EngineError::Internal(e.to_string()))?);
+            s.last =
+                Some(y.try_item_cast::<u32>().map_err(|e| EngineError::Internal(e.to_string()))?);
             Ok(())
         })
     }

@@ -11,17 +11,19 @@ use serde::Serialize;
 
 use super::background::{Scratch, WorkerWork};
 use super::ladder::{LadderConfig, LadderStatus, WarmupLadder};
-use super::warmup::{warm_at_load, WarmupOutcome};
 use super::model_ref::ModelRef;
+use super::warmup::{warm_at_load, WarmupOutcome};
 use super::{Foreground, Gate, Lease, Leases};
+use crate::decode::{
+    generate_streaming, AdapterRef, DraftMode, GenerateParams, Generation, TokenLogprob,
+};
 use crate::error::{EngineError, Result};
-use crate::decode::{generate_streaming, AdapterRef, DraftMode, GenerateParams, Generation, TokenLogprob};
 use crate::model::lora::Lora;
+use crate::model::{load_model, LoadedModel, ModelConfig};
+use crate::sync::LockExt;
+use crate::tokenizer::Tokenizer;
 use crate::train::trainer::Trainer;
 use crate::train::Training;
-use crate::model::{load_model, LoadedModel, ModelConfig};
-use crate::tokenizer::Tokenizer;
-use crate::sync::LockExt;
 
 /// How long an unused model stays loaded (Ollama's keep_alive).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +69,10 @@ pub struct EngineConfig {
 
 impl EngineConfig {
     pub fn catalog(&self) -> crate::catalog::Catalog {
-        crate::catalog::Catalog { models_dir: self.models_dir.clone(), hf_cache: self.hf_cache.clone() }
+        crate::catalog::Catalog {
+            models_dir: self.models_dir.clone(),
+            hf_cache: self.hf_cache.clone(),
+        }
     }
 }
 
@@ -145,7 +150,11 @@ pub(crate) struct Worker {
 }
 
 /// The adapter at `a.dir` for `model`, read once and again when its file changes.
-fn adapter_for(cache: &mut HashMap<PathBuf, (Option<std::time::SystemTime>, Lora)>, model: &LoadedModel, a: &AdapterRef) -> Result<Lora> {
+fn adapter_for(
+    cache: &mut HashMap<PathBuf, (Option<std::time::SystemTime>, Lora)>,
+    model: &LoadedModel,
+    a: &AdapterRef,
+) -> Result<Lora> {
     let file = a.dir.join("adapters.safetensors");
     let mtime = std::fs::metadata(&file).and_then(|m| m.modified()).ok();
     if let Some((t, lora)) = cache.get(&a.dir) {
@@ -201,11 +210,18 @@ impl Engine {
         let thread = std::thread::Builder::new()
             .name("perch-mlx".into())
             .spawn(move || {
-                let mut worker = Worker { models: HashMap::new(), scratch: None, trainer: None, adapters: HashMap::new() };
+                let mut worker = Worker {
+                    models: HashMap::new(),
+                    scratch: None,
+                    trainer: None,
+                    adapters: HashMap::new(),
+                };
                 while let Ok(task) = rx.recv() {
                     // A panicking task fails its own request (its reply channel drops), not
                     // the engine.
-                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task(&mut worker))).is_err() {
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task(&mut worker)))
+                        .is_err()
+                    {
                         tracing::error!("a task on the MLX thread panicked");
                     }
                 }
@@ -243,22 +259,36 @@ impl Engine {
     }
 
     /// Run `f` on the MLX thread and wait for its result (blocking: not from async code).
-    pub(crate) fn on_worker<T: Send + 'static>(&self, f: impl FnOnce(&mut Worker) -> Result<T> + Send + 'static) -> Result<T> {
+    pub(crate) fn on_worker<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Worker) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
         let (tx, rx) = mpsc::channel();
         let task: Task = Box::new(move |w| {
             let _ = tx.send(f(w));
         });
-        self.worker.locked().send(task).map_err(|_| EngineError::Internal("the MLX thread has stopped".into()))?;
-        rx.recv().map_err(|_| EngineError::Internal("a task failed on the MLX thread (see the log)".into()))?
+        self.worker
+            .locked()
+            .send(task)
+            .map_err(|_| EngineError::Internal("the MLX thread has stopped".into()))?;
+        rx.recv().map_err(|_| {
+            EngineError::Internal("a task failed on the MLX thread (see the log)".into())
+        })?
     }
 
     /// Queue `f` on the MLX thread; the receiver yields its result.
-    pub(crate) fn on_worker_async<T: Send + 'static>(&self, f: impl FnOnce(&mut Worker) -> Result<T> + Send + 'static) -> Result<tokio::sync::oneshot::Receiver<Result<T>>> {
+    pub(crate) fn on_worker_async<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Worker) -> Result<T> + Send + 'static,
+    ) -> Result<tokio::sync::oneshot::Receiver<Result<T>>> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let task: Task = Box::new(move |w| {
             let _ = tx.send(f(w));
         });
-        self.worker.locked().send(task).map_err(|_| EngineError::Internal("the MLX thread has stopped".into()))?;
+        self.worker
+            .locked()
+            .send(task)
+            .map_err(|_| EngineError::Internal("the MLX thread has stopped".into()))?;
         Ok(rx)
     }
 
@@ -307,7 +337,11 @@ impl Engine {
     /// After a model is published: load-time warmup (awaited, bounded), then the ladder in
     /// the background. `lease` pins the model from publication to the warmup's end.
     async fn after_load(self: Arc<Self>, id: &str, lease: Lease) {
-        let Some((info, warm, outcome, ladder)) = self.with_resident(id, |m| (m.info.clone(), m.mtp_warm.clone(), m.warmup.clone(), m.ladder.clone())) else { return };
+        let Some((info, warm, outcome, ladder)) = self.with_resident(id, |m| {
+            (m.info.clone(), m.mtp_warm.clone(), m.warmup.clone(), m.ladder.clone())
+        }) else {
+            return;
+        };
         let result = if !info.has_mtp {
             drop(lease);
             WarmupOutcome::NotApplicable
@@ -321,7 +355,8 @@ impl Engine {
         *outcome.locked() = result;
         *self.ladder.locked() = ladder.clone();
         let work: Arc<dyn super::ladder::RungWork> = Arc::new(WorkerWork::new(&self, id));
-        let (fg, gate, leases, id) = (self.foreground.clone(), self.gate.clone(), self.leases.clone(), id.to_string());
+        let (fg, gate, leases, id) =
+            (self.foreground.clone(), self.gate.clone(), self.leases.clone(), id.to_string());
         tokio::spawn(ladder.run(work, id, fg, gate, leases));
     }
 
@@ -409,7 +444,9 @@ impl Engine {
             w.models.insert(model.id.clone(), model);
             Ok(info)
         })?;
-        let loaded = rx.await.map_err(|_| EngineError::Internal("loading failed on the MLX thread".into()))??;
+        let loaded = rx
+            .await
+            .map_err(|_| EngineError::Internal("loading failed on the MLX thread".into()))??;
         let loaded = self.capped(ModelInfo { id: id.to_string(), ..loaded });
         self.publish(loaded);
         // Leased from publication through the warmup (docs/runtime.md §3).
@@ -452,7 +489,8 @@ impl Engine {
             release_freed_memory();
             Ok(())
         })?;
-        rx.await.map_err(|_| EngineError::Internal("unloading failed on the MLX thread".into()))??;
+        rx.await
+            .map_err(|_| EngineError::Internal("unloading failed on the MLX thread".into()))??;
         self.resident.locked().retain(|m| m.info.id != id);
         tracing::info!(model = id, "unloaded");
         Ok(())
@@ -497,12 +535,21 @@ impl Engine {
     /// A whole user request without HTTP (benchmarks, tests): arrival, lease, queue, gate,
     /// generation, as the server does it. Returns the generation and its time to first token
     /// measured from arrival.
-    pub async fn user_request(self: &Arc<Self>, id: &str, prompt: Vec<u32>, params: GenerateParams) -> Result<(Generation, Duration)> {
+    pub async fn user_request(
+        self: &Arc<Self>,
+        id: &str,
+        prompt: Vec<u32>,
+        params: GenerateParams,
+    ) -> Result<(Generation, Duration)> {
         let mut user = self.foreground.arrive();
         let arrived = Instant::now();
         let lease = self.lease_model(id).await?;
         user.queue();
-        let permit = self.gate.acquire(super::Policy::WaitForTurn).await.map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+        let permit = self
+            .gate
+            .acquire(super::Policy::WaitForTurn)
+            .await
+            .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
         user.start();
         let first: Arc<Mutex<Option<Instant>>> = Arc::default();
         let (engine, id, seen) = (self.clone(), id.to_string(), first.clone());
@@ -541,7 +588,9 @@ impl Engine {
         let turn = self.training.turn_begin();
         let g = self.on_worker(move |w| {
             let Worker { models, adapters, .. } = w;
-            let model = models.get_mut(&owned).ok_or_else(|| EngineError::Internal(format!("model `{owned}` is not loaded")))?;
+            let model = models
+                .get_mut(&owned)
+                .ok_or_else(|| EngineError::Internal(format!("model `{owned}` is not loaded")))?;
             // The adapter applies to this generation only; background work never sees it.
             model.adapter = match &params.adapter {
                 Some(a) => Some(adapter_for(adapters, model, a)?),
@@ -569,7 +618,10 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         // Closing the channel ends the MLX thread's loop; it frees the models and returns.
-        drop(std::mem::replace(self.worker.get_mut().unwrap_or_else(|e| e.into_inner()), mpsc::channel().0));
+        drop(std::mem::replace(
+            self.worker.get_mut().unwrap_or_else(|e| e.into_inner()),
+            mpsc::channel().0,
+        ));
         if let Some(thread) = self.thread.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
             if thread.thread().id() != std::thread::current().id() {
                 let _ = thread.join();

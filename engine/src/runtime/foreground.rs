@@ -4,8 +4,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
 use crate::sync::LockExt;
+use serde::Serialize;
 
 #[derive(Default)]
 struct State {
@@ -167,6 +167,9 @@ mod tests {
         }));
         assert!(caught.is_err());
         let s = fg.snapshot();
-        assert_eq!((s.foreground_active, s.foreground_queued, s.foreground_arriving, s.requests_completed), (0, 0, 0, 3));
+        assert_eq!(
+            (s.foreground_active, s.foreground_queued, s.foreground_arriving, s.requests_completed),
+            (0, 0, 0, 3)
+        );
     }
 }

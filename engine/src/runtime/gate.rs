@@ -54,7 +54,11 @@ impl Drop for Waiting {
 
 impl Gate {
     pub fn new(max_waiting: usize) -> Gate {
-        Gate { sem: Arc::new(Semaphore::new(1)), waiting: Arc::new(AtomicUsize::new(0)), max_waiting }
+        Gate {
+            sem: Arc::new(Semaphore::new(1)),
+            waiting: Arc::new(AtomicUsize::new(0)),
+            max_waiting,
+        }
     }
 
     /// A permit now if the gate is free and nobody waits; never queues, never disturbs waiters.
@@ -77,7 +81,8 @@ impl Gate {
         if n >= self.max_waiting {
             return Err(GateError::QueueFull(n));
         }
-        let permit = self.sem.clone().acquire_owned().await.expect("the gate's semaphore is never closed");
+        let permit =
+            self.sem.clone().acquire_owned().await.expect("the gate's semaphore is never closed");
         drop(waiting);
         Ok(GatePermit { _permit: permit })
     }
@@ -129,7 +134,9 @@ mod tests {
     async fn a_cancelled_waiter_leaves_the_queue() {
         let gate = Gate::new(4);
         let held = gate.acquire(Policy::WaitForTurn).await.unwrap();
-        let timed_out = tokio::time::timeout(Duration::from_millis(20), gate.acquire(Policy::WaitForTurn)).await;
+        let timed_out =
+            tokio::time::timeout(Duration::from_millis(20), gate.acquire(Policy::WaitForTurn))
+                .await;
         assert!(timed_out.is_err());
         assert_eq!(gate.snapshot().waiting, 0);
         drop(held);

@@ -36,7 +36,14 @@ fn secs<S: serde::Serializer>(d: &Duration, s: S) -> std::result::Result<S::Ok, 
 
 impl Default for LadderConfig {
     fn default() -> Self {
-        LadderConfig { enabled: true, rungs: vec![512, 2560], chunk: 256, decode_tokens: 8, idle_grace: Duration::from_secs(90), max_interruptions: 8 }
+        LadderConfig {
+            enabled: true,
+            rungs: vec![512, 2560],
+            chunk: 256,
+            decode_tokens: 8,
+            idle_grace: Duration::from_secs(90),
+            max_interruptions: 8,
+        }
     }
 }
 
@@ -108,7 +115,12 @@ pub fn admission(fg: &ForegroundSnapshot, grace: Duration) -> Admission {
 pub trait RungWork: Send + Sync {
     /// Prefill positions `start..start + len` of a `rung`-token warmup prompt (start 0 begins
     /// a new rung).
-    fn prefill_chunk(&self, rung: usize, start: usize, len: usize) -> BoxFuture<'static, Result<()>>;
+    fn prefill_chunk(
+        &self,
+        rung: usize,
+        start: usize,
+        len: usize,
+    ) -> BoxFuture<'static, Result<()>>;
     /// One decode step after the rung's prefill.
     fn decode_step(&self) -> BoxFuture<'static, Result<()>>;
     /// The rung ended (done or aborted): drop what it holds.
@@ -134,14 +146,32 @@ impl WarmupLadder {
     /// A ladder for a model with `context` tokens (longer rungs are dropped).
     pub fn new(mut cfg: LadderConfig, model: &str, context: usize) -> Arc<WarmupLadder> {
         cfg.rungs.retain(|&r| r > 0 && r < context);
-        let state = if cfg.enabled && !cfg.rungs.is_empty() { LadderState::Idle } else { LadderState::Disabled };
-        let status = LadderStatus { state, model: Some(model.to_string()), rungs_done: vec![], rungs_left: cfg.rungs.clone(), current_rung: None, interruptions: 0 };
+        let state = if cfg.enabled && !cfg.rungs.is_empty() {
+            LadderState::Idle
+        } else {
+            LadderState::Disabled
+        };
+        let status = LadderStatus {
+            state,
+            model: Some(model.to_string()),
+            rungs_done: vec![],
+            rungs_left: cfg.rungs.clone(),
+            current_rung: None,
+            interruptions: 0,
+        };
         Arc::new(WarmupLadder { cfg, status: Mutex::new(status), stop: AtomicBool::new(false) })
     }
 
     pub fn disabled() -> Arc<WarmupLadder> {
         let cfg = LadderConfig { enabled: false, ..LadderConfig::default() };
-        let status = LadderStatus { state: LadderState::Disabled, model: None, rungs_done: vec![], rungs_left: vec![], current_rung: None, interruptions: 0 };
+        let status = LadderStatus {
+            state: LadderState::Disabled,
+            model: None,
+            rungs_done: vec![],
+            rungs_left: vec![],
+            current_rung: None,
+            interruptions: 0,
+        };
         Arc::new(WarmupLadder { cfg, status: Mutex::new(status), stop: AtomicBool::new(false) })
     }
 
@@ -163,7 +193,14 @@ impl WarmupLadder {
     }
 
     /// Run the ladder to its end. Background work: it never touches the foreground figures.
-    pub async fn run(self: Arc<Self>, work: Arc<dyn RungWork>, model: String, fg: Arc<Foreground>, gate: Arc<Gate>, leases: Arc<Leases>) {
+    pub async fn run(
+        self: Arc<Self>,
+        work: Arc<dyn RungWork>,
+        model: String,
+        fg: Arc<Foreground>,
+        gate: Arc<Gate>,
+        leases: Arc<Leases>,
+    ) {
         if self.status().state == LadderState::Disabled {
             return;
         }
@@ -172,7 +209,10 @@ impl WarmupLadder {
             if self.stopped() {
                 return;
             }
-            let admitted = matches!(admission(&fg.snapshot(), self.cfg.idle_grace), Admission::WarmFresh | Admission::WarmIdle);
+            let admitted = matches!(
+                admission(&fg.snapshot(), self.cfg.idle_grace),
+                Admission::WarmFresh | Admission::WarmIdle
+            );
             // A request arriving between this check and the first chunk is caught by the
             // rung's own check before that chunk.
             let permit = if admitted { gate.try_acquire() } else { None };
@@ -208,7 +248,11 @@ impl WarmupLadder {
                         s.interruptions += 1;
                         s.current_rung = None;
                         abandoned = s.interruptions >= self.cfg.max_interruptions;
-                        s.state = if abandoned { LadderState::AbandonedBusy } else { LadderState::Waiting };
+                        s.state = if abandoned {
+                            LadderState::AbandonedBusy
+                        } else {
+                            LadderState::Waiting
+                        };
                     });
                     if abandoned {
                         tracing::info!("warmup ladder abandoned: the engine is too busy");

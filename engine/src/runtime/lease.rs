@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::Notify;
 use crate::sync::LockExt;
+use tokio::sync::Notify;
 
 #[derive(Default)]
 pub struct Leases {

@@ -47,7 +47,14 @@ pub enum WarmupOutcome {
 /// Run the warmup for `model`. `lease` pins the model for the whole call and is released on
 /// every path. Never fails and never waits past `deadline` (plus one second for a cancelled
 /// warmup to stop).
-pub async fn warm_at_load(work: &dyn WarmupWork, model: &str, gate: &Gate, lease: Lease, deadline: Duration, warm: &AtomicBool) -> WarmupOutcome {
+pub async fn warm_at_load(
+    work: &dyn WarmupWork,
+    model: &str,
+    gate: &Gate,
+    lease: Lease,
+    deadline: Duration,
+    warm: &AtomicBool,
+) -> WarmupOutcome {
     let _lease = lease;
     // Skip if busy, before touching anything else (docs/runtime.md §2, §4.3).
     let Some(permit) = gate.try_acquire() else {
@@ -69,7 +76,11 @@ pub async fn warm_at_load(work: &dyn WarmupWork, model: &str, gate: &Gate, lease
         Err(_) => {
             cancel.store(true, Ordering::SeqCst);
             warm.store(false, Ordering::SeqCst);
-            tracing::warn!(model, deadline_s = deadline.as_secs_f64(), "load-time warmup timed out; cancelled, the model stays cold");
+            tracing::warn!(
+                model,
+                deadline_s = deadline.as_secs_f64(),
+                "load-time warmup timed out; cancelled, the model stays cold"
+            );
             // A cancelled warmup stops within a step; do not wait on one that does not.
             let _ = tokio::time::timeout(Duration::from_secs(1), &mut done).await;
             WarmupOutcome::TimedOut
@@ -129,7 +140,15 @@ mod tests {
     #[tokio::test]
     async fn completes_on_a_finished_stream() {
         let (gate, leases, warm) = (Gate::new(4), Leases::new(), AtomicBool::new(false));
-        let out = warm_at_load(&Fake::new("finishes"), "m", &gate, leases.acquire("m"), Duration::from_secs(5), &warm).await;
+        let out = warm_at_load(
+            &Fake::new("finishes"),
+            "m",
+            &gate,
+            leases.acquire("m"),
+            Duration::from_secs(5),
+            &warm,
+        )
+        .await;
         assert_eq!(out, WarmupOutcome::Warm);
         assert!(warm.load(Ordering::SeqCst));
         assert_eq!(leases.count("m"), 0, "the warmup's lease is released");
@@ -142,14 +161,30 @@ mod tests {
         let warm = AtomicBool::new(true); // e.g. warm from an earlier load: must be reset
         let fake = Fake::new("endless");
         let t = std::time::Instant::now();
-        let out = within(warm_at_load(&fake, "m", &gate, leases.acquire("m"), Duration::from_millis(100), &warm)).await;
+        let out = within(warm_at_load(
+            &fake,
+            "m",
+            &gate,
+            leases.acquire("m"),
+            Duration::from_millis(100),
+            &warm,
+        ))
+        .await;
         assert_eq!(out, WarmupOutcome::TimedOut);
         assert!(t.elapsed() < Duration::from_millis(600), "the load waited {:?}", t.elapsed());
         assert!(!warm.load(Ordering::SeqCst), "the warm flag was not reset");
         assert_eq!(leases.count("m"), 0);
         // Even a warmup that ignores cancellation cannot hold the load past deadline + 1 s.
         let t = std::time::Instant::now();
-        let out = within(warm_at_load(&Fake::new("ignores-cancel"), "m", &gate, leases.acquire("m"), Duration::from_millis(100), &warm)).await;
+        let out = within(warm_at_load(
+            &Fake::new("ignores-cancel"),
+            "m",
+            &gate,
+            leases.acquire("m"),
+            Duration::from_millis(100),
+            &warm,
+        ))
+        .await;
         assert_eq!(out, WarmupOutcome::TimedOut);
         assert!(t.elapsed() < Duration::from_millis(1500));
     }
@@ -167,7 +202,15 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
         let fake = Fake::new("finishes");
-        let out = within(warm_at_load(&fake, "m", &gate, leases.acquire("m"), Duration::from_secs(5), &warm)).await;
+        let out = within(warm_at_load(
+            &fake,
+            "m",
+            &gate,
+            leases.acquire("m"),
+            Duration::from_secs(5),
+            &warm,
+        ))
+        .await;
         assert_eq!(out, WarmupOutcome::SkippedBusy);
         assert_eq!(*fake.started.lock().unwrap(), 0, "no warmup work may start");
         assert!(!warm.load(Ordering::SeqCst));
@@ -185,7 +228,15 @@ mod tests {
             let (fake, leases, warm) = (fake.clone(), leases.clone(), warm.clone());
             async move {
                 let gate = Gate::new(4);
-                warm_at_load(fake.as_ref(), "m", &gate, leases.acquire("m"), Duration::from_secs(5), &warm).await
+                warm_at_load(
+                    fake.as_ref(),
+                    "m",
+                    &gate,
+                    leases.acquire("m"),
+                    Duration::from_secs(5),
+                    &warm,
+                )
+                .await
             }
         });
         tokio::time::sleep(Duration::from_millis(20)).await;

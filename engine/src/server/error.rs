@@ -19,12 +19,23 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, message: message.into(), kind, param: None, code: None, retry_after: None }
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+            retry_after: None,
+        }
     }
 
     /// 400 naming the offending field.
     pub fn invalid(param: &str, message: impl Into<String>) -> ApiError {
-        ApiError { param: Some(param.to_string()), code: Some("invalid_value"), ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message) }
+        ApiError {
+            param: Some(param.to_string()),
+            code: Some("invalid_value"),
+            ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+        }
     }
 
     pub fn code(mut self, code: &'static str) -> ApiError {
@@ -36,7 +47,11 @@ impl ApiError {
         ApiError {
             param: Some("model".into()),
             code: Some("model_not_found"),
-            ..Self::new(StatusCode::NOT_FOUND, "not_found_error", format!("The model `{id}` does not exist (see GET /v1/models)"))
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "not_found_error",
+                format!("The model `{id}` does not exist (see GET /v1/models)"),
+            )
         }
     }
 
@@ -44,7 +59,13 @@ impl ApiError {
         ApiError {
             code: Some("rate_limit_exceeded"),
             retry_after: Some(1),
-            ..Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", format!("The engine is busy: {queued} requests are already waiting. Retry shortly."))
+            ..Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_error",
+                format!(
+                    "The engine is busy: {queued} requests are already waiting. Retry shortly."
+                ),
+            )
         }
     }
 
@@ -59,7 +80,9 @@ impl From<EngineError> for ApiError {
         match e {
             EngineError::ModelNotFound(id) => ApiError::model_not_found(&id),
             EngineError::InvalidModel(e) => ApiError::invalid("model", e.to_string()),
-            EngineError::InvalidRequest(msg) => ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", msg),
+            EngineError::InvalidRequest(msg) => {
+                ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", msg)
+            }
             other => {
                 tracing::error!(error = %other, "engine error");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", other.to_string())

@@ -18,21 +18,36 @@ use super::Front;
 pub fn host_allowed(host: &str, extra: &[String]) -> bool {
     let name = match host.strip_prefix('[') {
         Some(rest) => rest.split(']').next().unwrap_or(""),
-        None => host.rsplit_once(':').map_or(host, |(n, port)| if port.chars().all(|c| c.is_ascii_digit()) { n } else { host }),
+        None => host.rsplit_once(':').map_or(host, |(n, port)| {
+            if port.chars().all(|c| c.is_ascii_digit()) {
+                n
+            } else {
+                host
+            }
+        }),
     };
     let name = name.trim_end_matches('.').to_ascii_lowercase();
-    matches!(name.as_str(), "localhost" | "127.0.0.1" | "::1") || name.ends_with(".localhost") || extra.iter().any(|e| e.eq_ignore_ascii_case(&name))
+    matches!(name.as_str(), "localhost" | "127.0.0.1" | "::1")
+        || name.ends_with(".localhost")
+        || extra.iter().any(|e| e.eq_ignore_ascii_case(&name))
 }
 
 /// The origins whose pages may call the API: configured ones, the engine's own UI (same
 /// origin), and the desktop app's webview.
 fn origin_allowed(origin: &str, headers: &HeaderMap, allowed: &[String]) -> bool {
-    let own = headers.get(header::HOST).and_then(|h| h.to_str().ok()).map(|h| format!("http://{h}"));
-    allowed.iter().any(|a| a == origin) || own.as_deref() == Some(origin) || matches!(origin, "tauri://localhost" | "http://tauri.localhost")
+    let own =
+        headers.get(header::HOST).and_then(|h| h.to_str().ok()).map(|h| format!("http://{h}"));
+    allowed.iter().any(|a| a == origin)
+        || own.as_deref() == Some(origin)
+        || matches!(origin, "tauri://localhost" | "http://tauri.localhost")
 }
 
 fn key_ok(headers: &HeaderMap, key: &str) -> bool {
-    let given = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or("");
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
     // Constant time in the key's content (the length may show; it is not secret).
     given.len() == key.len() && bool::from(given.as_bytes().ct_eq(key.as_bytes()))
 }
@@ -48,7 +63,12 @@ pub async fn guard(State(front): State<Arc<Front>>, req: Request, next: Next) ->
     let origin = headers.get(header::ORIGIN).and_then(|o| o.to_str().ok()).map(String::from);
     if let Some(o) = &origin {
         if !origin_allowed(o, headers, &config.allowed_origins) {
-            let e = ApiError::new(StatusCode::FORBIDDEN, "permission_error", format!("Origin `{o}` is not allowed to use this API (configure allowed origins)")).code("origin_not_allowed");
+            let e = ApiError::new(
+                StatusCode::FORBIDDEN,
+                "permission_error",
+                format!("Origin `{o}` is not allowed to use this API (configure allowed origins)"),
+            )
+            .code("origin_not_allowed");
             return e.into_response();
         }
         if req.method() == Method::OPTIONS {
@@ -57,7 +77,12 @@ pub async fn guard(State(front): State<Arc<Front>>, req: Request, next: Next) ->
     }
     if let Some(key) = &config.api_key {
         if !key_ok(headers, key) {
-            let e = ApiError::new(StatusCode::UNAUTHORIZED, "authentication_error", "A valid API key is required: `Authorization: Bearer <key>`").code("invalid_api_key");
+            let e = ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "A valid API key is required: `Authorization: Bearer <key>`",
+            )
+            .code("invalid_api_key");
             return e.into_response();
         }
     }
@@ -74,8 +99,14 @@ fn cors(mut r: Response, origin: &str) -> Response {
         h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
     }
     h.insert(header::VARY, HeaderValue::from_static("Origin"));
-    h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, HeaderValue::from_static("GET, POST, PUT, DELETE, OPTIONS"));
-    h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, HeaderValue::from_static("authorization, content-type"));
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("GET, POST, PUT, DELETE, OPTIONS"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        HeaderValue::from_static("authorization, content-type"),
+    );
     h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
     r
 }
@@ -89,7 +120,9 @@ mod tests {
         for ok in ["127.0.0.1:7342", "localhost", "LOCALHOST:80", "[::1]:7342", "app.localhost:1"] {
             assert!(host_allowed(ok, &[]), "{ok}");
         }
-        for bad in ["evil.com", "evil.com:7342", "127.0.0.1.evil.com", "", "[::2]:1", "localhost.evil.com"] {
+        for bad in
+            ["evil.com", "evil.com:7342", "127.0.0.1.evil.com", "", "[::2]:1", "localhost.evil.com"]
+        {
             assert!(!host_allowed(bad, &[]), "{bad}");
         }
         assert!(host_allowed("mymac.local:7342", &["mymac.local".into()]));

@@ -47,7 +47,9 @@ fn model_list(app: &App) -> Vec<Value> {
             // Each saved LoRA adapter is served as `model+adapter`.
             let adapters = crate::model::lora::list_adapters(&app.engine.config.models_dir, &m.id);
             let mut entries = vec![model_entry(&m.id, m.context_length, &m.architecture, loaded)];
-            entries.extend(adapters.iter().map(|a| model_entry(&format!("{}+{a}", m.id), m.context_length, &m.architecture, loaded)));
+            entries.extend(adapters.iter().map(|a| {
+                model_entry(&format!("{}+{a}", m.id), m.context_length, &m.architecture, loaded)
+            }));
             entries
         })
         .collect();
@@ -111,7 +113,8 @@ pub async fn metrics(State(app): State<Arc<App>>) -> Response {
 
 /// The OpenAPI description, with the models this server has as the `model` enum.
 pub async fn openapi(State(app): State<Arc<App>>) -> Response {
-    let mut doc: Value = serde_json::from_str(include_str!("openapi.json")).expect("openapi.json is valid JSON");
+    let mut doc: Value =
+        serde_json::from_str(include_str!("openapi.json")).expect("openapi.json is valid JSON");
     let ids: Vec<Value> = model_list(&app).into_iter().map(|m| m["id"].clone()).collect();
     doc["components"]["schemas"]["Sampling"]["properties"]["model"]["enum"] = Value::Array(ids);
     doc["servers"] = json!([{"url": format!("http://{}:{}", app.config.host, app.config.port)}]);
@@ -119,18 +122,33 @@ pub async fn openapi(State(app): State<Arc<App>>) -> Response {
 }
 
 pub async fn not_found() -> Response {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "No such endpoint (see GET /openapi.json)").code("unknown_url").into_response()
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found_error",
+        "No such endpoint (see GET /openapi.json)",
+    )
+    .code("unknown_url")
+    .into_response()
 }
 
 pub async fn method_not_allowed() -> Response {
-    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", "Method not allowed for this endpoint").code("method_not_allowed").into_response()
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "Method not allowed for this endpoint",
+    )
+    .code("method_not_allowed")
+    .into_response()
 }
 
 pub async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
     complete(app, Endpoint::Chat, body).await
 }
 
-pub async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+pub async fn completions(
+    State(app): State<Arc<App>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     complete(app, Endpoint::Completion, body).await
 }
 
@@ -145,9 +163,18 @@ struct Prepared {
 /// error (the work itself is bounded by the template's fuel and the body cap).
 const PREPARE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 
-fn prepare(app: &App, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -> Result<Prepared, ApiError> {
+fn prepare(
+    app: &App,
+    endpoint: Endpoint,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Prepared, ApiError> {
     let bytes = body.map_err(|r| match r.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", format!("The body is larger than {} bytes", app.config.max_body_bytes)).code("request_too_large"),
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("The body is larger than {} bytes", app.config.max_body_bytes),
+        )
+        .code("request_too_large"),
         s => ApiError::new(s, "invalid_request_error", r.body_text()),
     })?;
     let defaults = *app.sampling.locked();
@@ -159,7 +186,13 @@ fn prepare(app: &App, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -
         Input::Text(t) => tok.encode(t, true)?,
         Input::Tokens(ids) => {
             if let Some(bad) = ids.iter().find(|&&t| t as usize >= info.vocab_size) {
-                return Err(ApiError::invalid("prompt", format!("token id {bad} is outside the model's vocabulary (0 to {})", info.vocab_size - 1)));
+                return Err(ApiError::invalid(
+                    "prompt",
+                    format!(
+                        "token id {bad} is outside the model's vocabulary (0 to {})",
+                        info.vocab_size - 1
+                    ),
+                ));
             }
             ids.clone()
         }
@@ -168,7 +201,10 @@ fn prepare(app: &App, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -
         prompt.extend(tok.start_token());
     }
     if prompt.is_empty() {
-        return Err(ApiError::invalid(if endpoint == Endpoint::Chat { "messages" } else { "prompt" }, "the prompt is empty"));
+        return Err(ApiError::invalid(
+            if endpoint == Endpoint::Chat { "messages" } else { "prompt" },
+            "the prompt is empty",
+        ));
     }
     if prompt.len() >= info.context_length {
         return Err(ApiError::invalid(
@@ -178,7 +214,8 @@ fn prepare(app: &App, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -
         .code("context_length_exceeded"));
     }
     let cap = app.config.max_tokens_cap.unwrap_or(usize::MAX);
-    req.params.max_tokens = req.max_tokens.unwrap_or(usize::MAX).min(cap).min(info.context_length - prompt.len());
+    req.params.max_tokens =
+        req.max_tokens.unwrap_or(usize::MAX).min(cap).min(info.context_length - prompt.len());
     req.params.adapter = info.adapter.clone();
     Ok(Prepared { req, info, prompt })
 }
@@ -204,7 +241,11 @@ fn endpoint_name(e: Endpoint) -> &'static str {
     }
 }
 
-async fn complete(app: Arc<App>, endpoint: Endpoint, body: Result<Bytes, BytesRejection>) -> Response {
+async fn complete(
+    app: Arc<App>,
+    endpoint: Endpoint,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     // docs/runtime.md §1: stamp the arrival before anything else.
     let mut user = app.engine.foreground.arrive();
     let arrived = Instant::now();
@@ -235,11 +276,18 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: Result<Bytes, BytesRe
     });
     let prepared = match tokio::time::timeout(PREPARE_DEADLINE, prepared).await {
         Ok(Ok(p)) => p,
-        Ok(Err(e)) => Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", format!("preparing the request failed: {e}"))),
+        Ok(Err(e)) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            format!("preparing the request failed: {e}"),
+        )),
         Err(_) => Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "server_error",
-            format!("preparing the prompt (chat template, tokenizer) took longer than {} s", PREPARE_DEADLINE.as_secs()),
+            format!(
+                "preparing the prompt (chat template, tokenizer) took longer than {} s",
+                PREPARE_DEADLINE.as_secs()
+            ),
         )),
     };
     let p = match prepared {
@@ -281,12 +329,15 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: Result<Bytes, BytesRe
     let logprobs = p.req.logprobs.is_some();
     {
         let (app, id, cancel) = (app.clone(), id.clone(), cancel.clone());
-        tokio::task::spawn_blocking(move || run(app, id, n, p, (permit, lease), user, cancel, arrived, tx));
+        tokio::task::spawn_blocking(move || {
+            run(app, id, n, p, (permit, lease), user, cancel, arrived, tx)
+        });
     }
     let guard = CancelOnDrop(cancel);
     let created = unix_now() as u64;
     if stream {
-        sse(endpoint, id, model, created, prompt_tokens, include_usage, logprobs, rx, guard).into_response()
+        sse(endpoint, id, model, created, prompt_tokens, include_usage, logprobs, rx, guard)
+            .into_response()
     } else {
         collect(endpoint, id, model, created, prompt_tokens, logprobs, rx, guard).await
     }
@@ -295,15 +346,31 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: Result<Bytes, BytesRe
 /// The generation itself, on a blocking thread. The permit and the user guard live exactly as
 /// long as the generation does.
 #[allow(clippy::too_many_arguments)]
-fn run(app: Arc<App>, id: String, n: u64, p: Prepared, held: (GatePermit, Lease), user: UserRequest, cancel: Arc<AtomicBool>, arrived: Instant, tx: mpsc::UnboundedSender<Msg>) {
+fn run(
+    app: Arc<App>,
+    id: String,
+    n: u64,
+    p: Prepared,
+    held: (GatePermit, Lease),
+    user: UserRequest,
+    cancel: Arc<AtomicBool>,
+    arrived: Instant,
+    tx: mpsc::UnboundedSender<Msg>,
+) {
     let started = Instant::now();
     let mut params = p.req.params.clone();
     params.logprobs = p.req.logprobs;
     params.json_mode = p.req.json_mode;
     let pieces = tx.clone();
-    let result = app.engine.generate_blocking(&p.info.id, p.prompt.clone(), params, cancel, move |text, lps| {
-        let _ = pieces.send(Msg::Piece(text.to_string(), lps.to_vec()));
-    });
+    let result = app.engine.generate_blocking(
+        &p.info.id,
+        p.prompt.clone(),
+        params,
+        cancel,
+        move |text, lps| {
+            let _ = pieces.send(Msg::Piece(text.to_string(), lps.to_vec()));
+        },
+    );
     app.in_flight.locked().remove(&n);
     let endpoint = endpoint_name(p.req.endpoint);
     let mut rec = RequestRecord {
@@ -326,7 +393,9 @@ fn run(app: Arc<App>, id: String, n: u64, p: Prepared, held: (GatePermit, Lease)
             rec.ttft_s = Some(ttft);
             rec.prefill_tok_s = Some(g.prefill_tokens_per_sec());
             rec.decode_tok_s = decode;
-            *app.last_request.locked() = Some(json!({"model": p.info.id, "completion_tokens": g.tokens.len(), "decode_tok_s": decode, "ttft_s": ttft}));
+            *app.last_request.locked() = Some(
+                json!({"model": p.info.id, "completion_tokens": g.tokens.len(), "decode_tok_s": decode, "ttft_s": ttft}),
+            );
             rec.finish_reason = Some(finish_name(g.finish_reason).into());
             rec.draft = g.draft.clone();
             if app.log.as_ref().is_some_and(|l| l.with_text) {
@@ -390,7 +459,16 @@ fn completion_logprobs(lps: &[TokenLogprob], offset0: usize) -> Value {
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn collect(endpoint: Endpoint, id: String, model: String, created: u64, prompt_tokens: usize, logprobs: bool, mut rx: mpsc::UnboundedReceiver<Msg>, _guard: CancelOnDrop) -> Response {
+async fn collect(
+    endpoint: Endpoint,
+    id: String,
+    model: String,
+    created: u64,
+    prompt_tokens: usize,
+    logprobs: bool,
+    mut rx: mpsc::UnboundedReceiver<Msg>,
+    _guard: CancelOnDrop,
+) -> Response {
     let mut lps = Vec::new();
     while let Some(msg) = rx.recv().await {
         match msg {
@@ -416,7 +494,12 @@ async fn collect(endpoint: Endpoint, id: String, model: String, created: u64, pr
             }
         }
     }
-    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the generation ended without a result").into_response()
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        "the generation ended without a result",
+    )
+    .into_response()
 }
 
 struct SseState {
@@ -438,10 +521,18 @@ struct SseState {
 impl SseState {
     fn chunk(&self, delta: Value, finish: Option<&str>, lps: Option<Value>) -> Event {
         let choice = match self.endpoint {
-            Endpoint::Chat => json!({"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish}),
-            Endpoint::Completion => json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(json!("")), "logprobs": lps, "finish_reason": finish}),
+            Endpoint::Chat => {
+                json!({"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish})
+            }
+            Endpoint::Completion => {
+                json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(json!("")), "logprobs": lps, "finish_reason": finish})
+            }
         };
-        let object = if self.endpoint == Endpoint::Chat { "chat.completion.chunk" } else { "text_completion" };
+        let object = if self.endpoint == Endpoint::Chat {
+            "chat.completion.chunk"
+        } else {
+            "text_completion"
+        };
         let mut body = json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [choice]});
         if self.include_usage {
             body["usage"] = Value::Null;
@@ -471,7 +562,11 @@ impl SseState {
                 let ev = self.chunk(json!({}), Some(finish_name(g.finish_reason)), None);
                 self.queue.push_back(ev);
                 if self.include_usage {
-                    let object = if self.endpoint == Endpoint::Chat { "chat.completion.chunk" } else { "text_completion" };
+                    let object = if self.endpoint == Endpoint::Chat {
+                        "chat.completion.chunk"
+                    } else {
+                        "text_completion"
+                    };
                     let body = json!({"id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [], "usage": usage(self.prompt_tokens, g.tokens.len())});
                     self.queue.push_back(Event::default().data(body.to_string()));
                 }
@@ -491,8 +586,32 @@ impl SseState {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn sse(endpoint: Endpoint, id: String, model: String, created: u64, prompt_tokens: usize, include_usage: bool, logprobs: bool, rx: mpsc::UnboundedReceiver<Msg>, guard: CancelOnDrop) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let state = SseState { endpoint, id, model, created, prompt_tokens, include_usage, logprobs, rx, queue: Default::default(), started: false, done: false, text_offset: 0, _guard: guard };
+fn sse(
+    endpoint: Endpoint,
+    id: String,
+    model: String,
+    created: u64,
+    prompt_tokens: usize,
+    include_usage: bool,
+    logprobs: bool,
+    rx: mpsc::UnboundedReceiver<Msg>,
+    guard: CancelOnDrop,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let state = SseState {
+        endpoint,
+        id,
+        model,
+        created,
+        prompt_tokens,
+        include_usage,
+        logprobs,
+        rx,
+        queue: Default::default(),
+        started: false,
+        done: false,
+        text_offset: 0,
+        _guard: guard,
+    };
     let events = stream::unfold(state, |mut s| async move {
         loop {
             if let Some(ev) = s.queue.pop_front() {
@@ -511,7 +630,11 @@ fn sse(endpoint: Endpoint, id: String, model: String, created: u64, prompt_token
             match s.rx.recv().await {
                 Some(msg) => s.on(msg),
                 None => {
-                    let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", "the generation ended without a result");
+                    let e = ApiError::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "server_error",
+                        "the generation ended without a result",
+                    );
                     s.on(Msg::Done(Err(e)));
                 }
             }

@@ -2,13 +2,13 @@
 
 use std::sync::Mutex;
 
+use crate::sync::LockExt;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use crate::sync::LockExt;
 
 type Labels = Vec<(String, String)>;
 
@@ -33,27 +33,75 @@ impl Metrics {
         let decode_rate = Histogram::new(exponential_buckets(1.0, 2.0, 12));
         let queue_depth = Gauge::default();
         let active = Gauge::default();
-        registry.register("requests", "User requests by endpoint and HTTP status", requests.clone());
-        registry.register("tokens", "Tokens processed for users (prompt, completion)", tokens.clone());
-        registry.register("errors", "User requests that ended in an error, by error type", errors.clone());
-        registry.register("time_to_first_token_seconds", "Request arrival to first token", ttft.clone());
-        registry.register("decode_tokens_per_second", "Decode speed of each completed generation", decode_rate.clone());
-        registry.register("queue_depth", "Requests waiting for the generation gate", queue_depth.clone());
+        registry.register(
+            "requests",
+            "User requests by endpoint and HTTP status",
+            requests.clone(),
+        );
+        registry.register(
+            "tokens",
+            "Tokens processed for users (prompt, completion)",
+            tokens.clone(),
+        );
+        registry.register(
+            "errors",
+            "User requests that ended in an error, by error type",
+            errors.clone(),
+        );
+        registry.register(
+            "time_to_first_token_seconds",
+            "Request arrival to first token",
+            ttft.clone(),
+        );
+        registry.register(
+            "decode_tokens_per_second",
+            "Decode speed of each completed generation",
+            decode_rate.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Requests waiting for the generation gate",
+            queue_depth.clone(),
+        );
         registry.register("active_generations", "Generations running now", active.clone());
-        Metrics { registry: Mutex::new(registry), requests, tokens, errors, ttft, decode_rate, queue_depth, active }
+        Metrics {
+            registry: Mutex::new(registry),
+            requests,
+            tokens,
+            errors,
+            ttft,
+            decode_rate,
+            queue_depth,
+            active,
+        }
     }
 
     pub fn request(&self, endpoint: &str, status: u16) {
-        self.requests.get_or_create(&vec![("endpoint".into(), endpoint.into()), ("status".into(), status.to_string())]).inc();
+        self.requests
+            .get_or_create(&vec![
+                ("endpoint".into(), endpoint.into()),
+                ("status".into(), status.to_string()),
+            ])
+            .inc();
     }
 
     pub fn error(&self, kind: &str) {
         self.errors.get_or_create(&vec![("type".into(), kind.into())]).inc();
     }
 
-    pub fn generation(&self, prompt_tokens: usize, completion_tokens: usize, ttft_s: f64, decode_tok_s: Option<f64>) {
-        self.tokens.get_or_create(&vec![("kind".into(), "prompt".into())]).inc_by(prompt_tokens as u64);
-        self.tokens.get_or_create(&vec![("kind".into(), "completion".into())]).inc_by(completion_tokens as u64);
+    pub fn generation(
+        &self,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+        ttft_s: f64,
+        decode_tok_s: Option<f64>,
+    ) {
+        self.tokens
+            .get_or_create(&vec![("kind".into(), "prompt".into())])
+            .inc_by(prompt_tokens as u64);
+        self.tokens
+            .get_or_create(&vec![("kind".into(), "completion".into())])
+            .inc_by(completion_tokens as u64);
         self.ttft.observe(ttft_s);
         if let Some(r) = decode_tok_s {
             self.decode_rate.observe(r);

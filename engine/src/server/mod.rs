@@ -5,11 +5,11 @@
 pub mod error;
 pub mod guard;
 mod handlers;
-mod ui;
 pub mod metrics;
 pub mod request;
 pub mod request_log;
 mod train;
+mod ui;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -23,9 +23,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use tower::ServiceExt;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tower::ServiceExt;
 
 use crate::config::SamplingDefaults;
 use crate::runtime::Engine;
@@ -84,7 +84,10 @@ impl Default for ServeConfig {
 
 impl ServeConfig {
     /// What the settings file says about serving (the rest stays at the defaults).
-    pub fn from_settings(settings: &crate::config::Settings, log_dir: Option<PathBuf>) -> ServeConfig {
+    pub fn from_settings(
+        settings: &crate::config::Settings,
+        log_dir: Option<PathBuf>,
+    ) -> ServeConfig {
         ServeConfig {
             port: settings.port,
             api_key: Some(settings.api_key.clone()).filter(|k| !k.is_empty()),
@@ -148,7 +151,10 @@ impl App {
         }
         if busy() {
             let n = self.cancel_all();
-            tracing::warn!(cancelled = n, "drain deadline passed; cancelling in-flight generations");
+            tracing::warn!(
+                cancelled = n,
+                "drain deadline passed; cancelling in-flight generations"
+            );
         }
         if !self.engine.drain(Duration::from_secs(5)).await {
             tracing::warn!("leases still held after the drain deadline");
@@ -216,7 +222,13 @@ async fn dispatch(State(front): State<Arc<Front>>, req: Request) -> Response {
         let control = front.control.read_now().clone();
         return match control {
             Some(r) => r.oneshot(req).await.into_response(),
-            None => ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "The control API is served by the desktop app and by `perch serve --config FILE`").code("not_found").into_response(),
+            None => ApiError::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "The control API is served by the desktop app and by `perch serve --config FILE`",
+            )
+            .code("not_found")
+            .into_response(),
         };
     }
     let hosted = front.hosted.read_now().as_ref().map(|(_, r)| r.clone());
@@ -224,8 +236,11 @@ async fn dispatch(State(front): State<Arc<Front>>, req: Request) -> Response {
         Some(r) => r.oneshot(req).await.into_response(),
         None => {
             let why = front.unavailable.read_now().clone();
-            let mut r = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", why).code("engine_restarting").into_response();
-            r.headers_mut().insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
+            let mut r = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", why)
+                .code("engine_restarting")
+                .into_response();
+            r.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
             r
         }
     }
@@ -267,7 +282,8 @@ impl Server {
             config.any_host = true;
         }
         let addr = SocketAddr::new(ip, config.port);
-        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| ServeError::Bind(addr, e))?;
+        let listener =
+            tokio::net::TcpListener::bind(addr).await.map_err(|e| ServeError::Bind(addr, e))?;
         let addr = listener.local_addr().map_err(|e| ServeError::Bind(addr, e))?;
         let front = Arc::new(Front {
             hosted: RwLock::new(None),
@@ -278,25 +294,42 @@ impl Server {
         let (stop, stopped) = oneshot::channel::<()>();
         let service = front_router(front.clone());
         let task = tokio::spawn(async move {
-            axum::serve(listener, service).with_graceful_shutdown(async move {
-                let _ = stopped.await;
-            })
-            .await
+            axum::serve(listener, service)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.await;
+                })
+                .await
         });
         tracing::info!(%addr, "serving");
         Ok(Server { addr, front, stop: Some(stop), task })
     }
 
     /// Serve `engine` from now on (there must be none hosted).
-    pub fn host(&self, engine: Arc<Engine>, mut config: ServeConfig) -> Result<Arc<App>, ServeError> {
+    pub fn host(
+        &self,
+        engine: Arc<Engine>,
+        mut config: ServeConfig,
+    ) -> Result<Arc<App>, ServeError> {
         config.any_host = self.front.guard_config().any_host;
         let log = match &config.log_dir {
-            Some(dir) => Some(RequestLog::open(dir, config.log_max_bytes, 3, config.log_text).map_err(ServeError::Log)?),
+            Some(dir) => Some(
+                RequestLog::open(dir, config.log_max_bytes, 3, config.log_text)
+                    .map_err(ServeError::Log)?,
+            ),
             None => None,
         };
         engine.start_background();
         let sampling = Mutex::new(config.sampling);
-        let app = Arc::new(App { engine, config: config.clone(), metrics: Metrics::new(), log, sampling, last_request: Mutex::new(None), next_id: AtomicU64::new(1), in_flight: Mutex::new(HashMap::new()) });
+        let app = Arc::new(App {
+            engine,
+            config: config.clone(),
+            metrics: Metrics::new(),
+            log,
+            sampling,
+            last_request: Mutex::new(None),
+            next_id: AtomicU64::new(1),
+            in_flight: Mutex::new(HashMap::new()),
+        });
         *self.front.guard.write_now() = Arc::new(config);
         *self.front.hosted.write_now() = Some((app.clone(), router(app.clone())));
         Ok(app)
@@ -334,7 +367,10 @@ impl Server {
         }
         if tokio::time::timeout(grace, &mut task).await.is_err() {
             let n = app.as_ref().map_or(0, |a| a.cancel_all());
-            tracing::warn!(cancelled = n, "shutdown deadline passed; cancelling in-flight generations");
+            tracing::warn!(
+                cancelled = n,
+                "shutdown deadline passed; cancelling in-flight generations"
+            );
             if tokio::time::timeout(Duration::from_secs(5), &mut task).await.is_err() {
                 task.abort();
             }
@@ -349,13 +385,13 @@ impl Server {
     }
 }
 
-
 /// Ctrl-C, or SIGTERM where there is one.
 pub async fn wait_for_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

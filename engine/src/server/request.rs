@@ -5,9 +5,9 @@ use serde_json::{Map, Value};
 
 use super::error::ApiError;
 use crate::config::SamplingDefaults;
-use crate::runtime::ModelRef;
-use crate::decode::GenerateParams;
 use crate::decode::sampler::SamplingParams;
+use crate::decode::GenerateParams;
+use crate::runtime::ModelRef;
 use crate::tokenizer::ChatMessage;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,14 +48,23 @@ impl Body<'_> {
         self.0.get(key).filter(|v| !v.is_null())
     }
 
-    fn number(&self, key: &str, ok: impl Fn(f64) -> bool, range: &str) -> Result<Option<f64>, ApiError> {
+    fn number(
+        &self,
+        key: &str,
+        ok: impl Fn(f64) -> bool,
+        range: &str,
+    ) -> Result<Option<f64>, ApiError> {
         match self.get(key) {
             None => Ok(None),
             // Checked as given and as the f32 the sampler will use (1e-50 is > 0, its f32 is not).
             Some(v) => match v.as_f64() {
                 Some(x) if ok(x) && ok(x as f32 as f64) => Ok(Some(x)),
                 Some(x) => Err(ApiError::invalid(key, format!("`{key}` must be {range}; got {x}"))),
-                None => Err(ApiError::invalid(key, format!("`{key}` must be a number; got {}", kind(v))).code("invalid_type")),
+                None => Err(ApiError::invalid(
+                    key,
+                    format!("`{key}` must be a number; got {}", kind(v)),
+                )
+                .code("invalid_type")),
             },
         }
     }
@@ -65,8 +74,15 @@ impl Body<'_> {
             None => Ok(None),
             Some(v) => match v.as_i64() {
                 Some(x) if (min..=max).contains(&x) => Ok(Some(x)),
-                Some(x) => Err(ApiError::invalid(key, format!("`{key}` must be an integer from {min} to {max}; got {x}"))),
-                None => Err(ApiError::invalid(key, format!("`{key}` must be an integer; got {}", kind(v))).code("invalid_type")),
+                Some(x) => Err(ApiError::invalid(
+                    key,
+                    format!("`{key}` must be an integer from {min} to {max}; got {x}"),
+                )),
+                None => Err(ApiError::invalid(
+                    key,
+                    format!("`{key}` must be an integer; got {}", kind(v)),
+                )
+                .code("invalid_type")),
             },
         }
     }
@@ -75,7 +91,10 @@ impl Body<'_> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(v) => Err(ApiError::invalid(key, format!("`{key}` must be a boolean; got {}", kind(v))).code("invalid_type")),
+            Some(v) => {
+                Err(ApiError::invalid(key, format!("`{key}` must be a boolean; got {}", kind(v)))
+                    .code("invalid_type"))
+            }
         }
     }
 }
@@ -97,17 +116,42 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<ParsedRequest, ApiError
 }
 
 /// `parse`, with the user's own defaults for what the request leaves out.
-pub fn parse_with(endpoint: Endpoint, bytes: &[u8], defaults: &SamplingDefaults) -> Result<ParsedRequest, ApiError> {
-    let value: Value = serde_json::from_slice(bytes)
-        .map_err(|e| ApiError::new(axum::http::StatusCode::BAD_REQUEST, "invalid_request_error", format!("The body is not valid JSON: {e}")).code("invalid_json"))?;
+pub fn parse_with(
+    endpoint: Endpoint,
+    bytes: &[u8],
+    defaults: &SamplingDefaults,
+) -> Result<ParsedRequest, ApiError> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::new(
+            axum::http::StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            format!("The body is not valid JSON: {e}"),
+        )
+        .code("invalid_json")
+    })?;
     let Value::Object(map) = &value else {
-        return Err(ApiError::invalid("body", format!("The body must be a JSON object; got {}", kind(&value))).code("invalid_type"));
+        return Err(ApiError::invalid(
+            "body",
+            format!("The body must be a JSON object; got {}", kind(&value)),
+        )
+        .code("invalid_type"));
     };
     let b = Body(map);
     let model = match b.get("model") {
-        Some(Value::String(s)) if !s.is_empty() => s.parse::<ModelRef>().map_err(|e| ApiError::invalid("model", e.to_string()))?,
-        Some(v) if !v.is_string() => return Err(ApiError::invalid("model", format!("`model` must be a string; got {}", kind(v))).code("invalid_type")),
-        _ => return Err(ApiError::invalid("model", "`model` is required (see GET /v1/models)").code("missing_required_parameter")),
+        Some(Value::String(s)) if !s.is_empty() => {
+            s.parse::<ModelRef>().map_err(|e| ApiError::invalid("model", e.to_string()))?
+        }
+        Some(v) if !v.is_string() => {
+            return Err(ApiError::invalid(
+                "model",
+                format!("`model` must be a string; got {}", kind(v)),
+            )
+            .code("invalid_type"))
+        }
+        _ => {
+            return Err(ApiError::invalid("model", "`model` is required (see GET /v1/models)")
+                .code("missing_required_parameter"))
+        }
     };
     let input = match endpoint {
         Endpoint::Chat => Input::Messages(messages(b.get("messages"))?),
@@ -115,21 +159,41 @@ pub fn parse_with(endpoint: Endpoint, bytes: &[u8], defaults: &SamplingDefaults)
     };
     if let Some(n) = b.integer("n", i64::MIN, i64::MAX)? {
         if n != 1 {
-            return Err(ApiError::invalid("n", format!("`n` must be 1 (one choice per request); got {n}")).code("unsupported_value"));
+            return Err(ApiError::invalid(
+                "n",
+                format!("`n` must be 1 (one choice per request); got {n}"),
+            )
+            .code("unsupported_value"));
         }
     }
-    let max_key = if b.get("max_completion_tokens").is_some() { "max_completion_tokens" } else { "max_tokens" };
+    let max_key = if b.get("max_completion_tokens").is_some() {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
     let max_tokens = b.integer(max_key, 1, i64::from(u32::MAX))?.map(|n| n as usize);
     let d = SamplingParams::default();
     let f = |x: Option<f64>, default: f32| x.map_or(default, |x| x as f32);
     let sampling = SamplingParams {
-        temperature: f(b.number("temperature", |x| (0.0..=2.0).contains(&x), "from 0 to 2")?, defaults.temperature),
+        temperature: f(
+            b.number("temperature", |x| (0.0..=2.0).contains(&x), "from 0 to 2")?,
+            defaults.temperature,
+        ),
         top_p: f(b.number("top_p", |x| x > 0.0 && x <= 1.0, "in (0, 1]")?, defaults.top_p),
         top_k: b.integer("top_k", 0, i64::from(u32::MAX))?.map_or(0, |k| k as u32),
         min_p: f(b.number("min_p", |x| (0.0..=1.0).contains(&x), "from 0 to 1")?, d.min_p),
-        presence_penalty: f(b.number("presence_penalty", |x| (-2.0..=2.0).contains(&x), "from -2 to 2")?, 0.0),
-        frequency_penalty: f(b.number("frequency_penalty", |x| (-2.0..=2.0).contains(&x), "from -2 to 2")?, 0.0),
-        repetition_penalty: f(b.number("repetition_penalty", |x| x > 0.0 && x <= 10.0, "in (0, 10]")?, 1.0),
+        presence_penalty: f(
+            b.number("presence_penalty", |x| (-2.0..=2.0).contains(&x), "from -2 to 2")?,
+            0.0,
+        ),
+        frequency_penalty: f(
+            b.number("frequency_penalty", |x| (-2.0..=2.0).contains(&x), "from -2 to 2")?,
+            0.0,
+        ),
+        repetition_penalty: f(
+            b.number("repetition_penalty", |x| x > 0.0 && x <= 10.0, "in (0, 10]")?,
+            1.0,
+        ),
         seed: b.integer("seed", i64::MIN, i64::MAX)?.map(|s| s as u64),
     };
     let stop = match b.get("stop") {
@@ -137,47 +201,99 @@ pub fn parse_with(endpoint: Endpoint, bytes: &[u8], defaults: &SamplingDefaults)
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(list)) if list.len() <= MAX_STOPS => list
             .iter()
-            .map(|v| v.as_str().map(String::from).ok_or_else(|| ApiError::invalid("stop", "`stop` must be a string or a list of strings").code("invalid_type")))
+            .map(|v| {
+                v.as_str().map(String::from).ok_or_else(|| {
+                    ApiError::invalid("stop", "`stop` must be a string or a list of strings")
+                        .code("invalid_type")
+                })
+            })
             .collect::<Result<_, _>>()?,
-        Some(Value::Array(_)) => return Err(ApiError::invalid("stop", format!("`stop` may hold at most {MAX_STOPS} strings"))),
-        Some(v) => return Err(ApiError::invalid("stop", format!("`stop` must be a string or a list of strings; got {}", kind(v))).code("invalid_type")),
+        Some(Value::Array(_)) => {
+            return Err(ApiError::invalid(
+                "stop",
+                format!("`stop` may hold at most {MAX_STOPS} strings"),
+            ))
+        }
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "stop",
+                format!("`stop` must be a string or a list of strings; got {}", kind(v)),
+            )
+            .code("invalid_type"))
+        }
     };
     let stream = b.boolean("stream")?.unwrap_or(false);
     let include_usage = match b.get("stream_options") {
         None => false,
-        Some(Value::Object(o)) => Body(o).boolean("include_usage").map_err(|e| ApiError { param: Some("stream_options.include_usage".into()), ..e })?.unwrap_or(false),
-        Some(v) => return Err(ApiError::invalid("stream_options", format!("`stream_options` must be an object; got {}", kind(v))).code("invalid_type")),
+        Some(Value::Object(o)) => Body(o)
+            .boolean("include_usage")
+            .map_err(|e| ApiError { param: Some("stream_options.include_usage".into()), ..e })?
+            .unwrap_or(false),
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                format!("`stream_options` must be an object; got {}", kind(v)),
+            )
+            .code("invalid_type"))
+        }
     };
     let logprobs = match endpoint {
         Endpoint::Chat => {
             let on = b.boolean("logprobs")?.unwrap_or(false);
             let top = b.integer("top_logprobs", 0, MAX_TOP_LOGPROBS as i64)?;
             if top.is_some() && !on {
-                return Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`"));
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    "`top_logprobs` needs `logprobs: true`",
+                ));
             }
             on.then_some(top.unwrap_or(0) as usize)
         }
         // Legacy completions: `logprobs` is the number of alternatives (0 to 5).
         Endpoint::Completion => b.integer("logprobs", 0, 5)?.map(|n| n as usize),
     };
-    let json_mode = match b.get("response_format") {
-        None => false,
-        Some(Value::Object(o)) => match o.get("type").and_then(|t| t.as_str()) {
-            Some("text") => false,
-            Some("json_object") => true,
-            Some(other) => return Err(ApiError::invalid("response_format", format!("`response_format.type` `{other}` is not supported (text, json_object are)")).code("unsupported_value")),
-            None => return Err(ApiError::invalid("response_format", "`response_format` needs a `type`")),
-        },
-        Some(v) => return Err(ApiError::invalid("response_format", format!("`response_format` must be an object; got {}", kind(v))).code("invalid_type")),
-    };
+    let json_mode =
+        match b.get("response_format") {
+            None => false,
+            Some(Value::Object(o)) => match o.get("type").and_then(|t| t.as_str()) {
+                Some("text") => false,
+                Some("json_object") => true,
+                Some(other) => return Err(ApiError::invalid(
+                    "response_format",
+                    format!(
+                        "`response_format.type` `{other}` is not supported (text, json_object are)"
+                    ),
+                )
+                .code("unsupported_value")),
+                None => {
+                    return Err(ApiError::invalid(
+                        "response_format",
+                        "`response_format` needs a `type`",
+                    ))
+                }
+            },
+            Some(v) => {
+                return Err(ApiError::invalid(
+                    "response_format",
+                    format!("`response_format` must be an object; got {}", kind(v)),
+                )
+                .code("invalid_type"))
+            }
+        };
     if endpoint == Endpoint::Completion {
         for unsupported in ["suffix", "best_of"] {
             if b.get(unsupported).is_some() {
-                return Err(ApiError::invalid(unsupported, format!("`{unsupported}` is not supported")).code("unsupported_parameter"));
+                return Err(ApiError::invalid(
+                    unsupported,
+                    format!("`{unsupported}` is not supported"),
+                )
+                .code("unsupported_parameter"));
             }
         }
         if b.boolean("echo")? == Some(true) {
-            return Err(ApiError::invalid("echo", "`echo` is not supported").code("unsupported_parameter"));
+            return Err(
+                ApiError::invalid("echo", "`echo` is not supported").code("unsupported_parameter")
+            );
         }
     }
     Ok(ParsedRequest {
@@ -189,29 +305,60 @@ pub fn parse_with(endpoint: Endpoint, bytes: &[u8], defaults: &SamplingDefaults)
         logprobs,
         json_mode,
         max_tokens,
-        params: GenerateParams { max_tokens: max_tokens.unwrap_or(usize::MAX), sampling, stop, ..Default::default() },
+        params: GenerateParams {
+            max_tokens: max_tokens.unwrap_or(usize::MAX),
+            sampling,
+            stop,
+            ..Default::default()
+        },
     })
 }
 
 fn messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
     let list = match v {
-        None => return Err(ApiError::invalid("messages", "`messages` is required").code("missing_required_parameter")),
+        None => {
+            return Err(ApiError::invalid("messages", "`messages` is required")
+                .code("missing_required_parameter"))
+        }
         Some(Value::Array(list)) if !list.is_empty() => list,
-        Some(Value::Array(_)) => return Err(ApiError::invalid("messages", "`messages` must not be empty")),
-        Some(v) => return Err(ApiError::invalid("messages", format!("`messages` must be an array; got {}", kind(v))).code("invalid_type")),
+        Some(Value::Array(_)) => {
+            return Err(ApiError::invalid("messages", "`messages` must not be empty"))
+        }
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "messages",
+                format!("`messages` must be an array; got {}", kind(v)),
+            )
+            .code("invalid_type"))
+        }
     };
     list.iter()
         .enumerate()
         .map(|(i, m)| {
             let at = |f: &str| format!("messages[{i}]{f}");
             let Value::Object(m) = m else {
-                return Err(ApiError::invalid(&at(""), format!("`{}` must be an object", at(""))).code("invalid_type"));
+                return Err(ApiError::invalid(&at(""), format!("`{}` must be an object", at("")))
+                    .code("invalid_type"));
             };
             let role = match m.get("role").and_then(|r| r.as_str()) {
                 Some(r @ ("system" | "user" | "assistant" | "tool")) => r.to_string(),
                 Some("developer") => "system".to_string(),
-                Some(r) => return Err(ApiError::invalid(&at(".role"), format!("`{}` `{r}` is not one of system, developer, user, assistant, tool", at(".role")))),
-                None => return Err(ApiError::invalid(&at(".role"), format!("`{}` is required", at(".role"))).code("missing_required_parameter")),
+                Some(r) => {
+                    return Err(ApiError::invalid(
+                        &at(".role"),
+                        format!(
+                            "`{}` `{r}` is not one of system, developer, user, assistant, tool",
+                            at(".role")
+                        ),
+                    ))
+                }
+                None => {
+                    return Err(ApiError::invalid(
+                        &at(".role"),
+                        format!("`{}` is required", at(".role")),
+                    )
+                    .code("missing_required_parameter"))
+                }
             };
             let content = match m.get("content") {
                 Some(Value::String(s)) => s.clone(),
@@ -219,14 +366,39 @@ fn messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
                 // Content parts: text only.
                 Some(Value::Array(parts)) => parts
                     .iter()
-                    .map(|p| match (p.get("type").and_then(|t| t.as_str()), p.get("text").and_then(|t| t.as_str())) {
-                        (Some("text"), Some(t)) => Ok(t.to_string()),
-                        _ => Err(ApiError::invalid(&at(".content"), format!("`{}`: only text parts are supported", at(".content"))).code("unsupported_value")),
+                    .map(|p| {
+                        match (
+                            p.get("type").and_then(|t| t.as_str()),
+                            p.get("text").and_then(|t| t.as_str()),
+                        ) {
+                            (Some("text"), Some(t)) => Ok(t.to_string()),
+                            _ => Err(ApiError::invalid(
+                                &at(".content"),
+                                format!("`{}`: only text parts are supported", at(".content")),
+                            )
+                            .code("unsupported_value")),
+                        }
                     })
                     .collect::<Result<Vec<_>, _>>()?
                     .join(""),
-                Some(v) => return Err(ApiError::invalid(&at(".content"), format!("`{}` must be a string or a list of text parts; got {}", at(".content"), kind(v))).code("invalid_type")),
-                None => return Err(ApiError::invalid(&at(".content"), format!("`{}` is required", at(".content"))).code("missing_required_parameter")),
+                Some(v) => {
+                    return Err(ApiError::invalid(
+                        &at(".content"),
+                        format!(
+                            "`{}` must be a string or a list of text parts; got {}",
+                            at(".content"),
+                            kind(v)
+                        ),
+                    )
+                    .code("invalid_type"))
+                }
+                None => {
+                    return Err(ApiError::invalid(
+                        &at(".content"),
+                        format!("`{}` is required", at(".content")),
+                    )
+                    .code("missing_required_parameter"))
+                }
             };
             Ok(ChatMessage { role, content })
         })
@@ -234,16 +406,33 @@ fn messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
 }
 
 fn prompt(v: Option<&Value>) -> Result<Input, ApiError> {
-    let bad = || ApiError::invalid("prompt", "`prompt` must be a string, a list of one string, or a list of token ids").code("invalid_type");
+    let bad = || {
+        ApiError::invalid(
+            "prompt",
+            "`prompt` must be a string, a list of one string, or a list of token ids",
+        )
+        .code("invalid_type")
+    };
     match v {
-        None => Err(ApiError::invalid("prompt", "`prompt` is required").code("missing_required_parameter")),
-        Some(Value::String(s)) => Ok(Input::Text(s.clone())),
-        Some(Value::Array(list)) if list.len() == 1 && list[0].is_string() => Ok(Input::Text(list[0].as_str().unwrap().to_string())),
-        Some(Value::Array(list)) if !list.is_empty() && list.iter().all(|t| t.is_u64()) => {
-            list.iter().map(|t| t.as_u64().filter(|&t| t <= u32::MAX as u64).map(|t| t as u32).ok_or_else(bad)).collect::<Result<_, _>>().map(Input::Tokens)
+        None => {
+            Err(ApiError::invalid("prompt", "`prompt` is required")
+                .code("missing_required_parameter"))
         }
+        Some(Value::String(s)) => Ok(Input::Text(s.clone())),
+        Some(Value::Array(list)) if list.len() == 1 && list[0].is_string() => {
+            Ok(Input::Text(list[0].as_str().unwrap().to_string()))
+        }
+        Some(Value::Array(list)) if !list.is_empty() && list.iter().all(|t| t.is_u64()) => list
+            .iter()
+            .map(|t| t.as_u64().filter(|&t| t <= u32::MAX as u64).map(|t| t as u32).ok_or_else(bad))
+            .collect::<Result<_, _>>()
+            .map(Input::Tokens),
         Some(Value::Array(list)) if list.len() > 1 && list.iter().all(|t| t.is_string()) => {
-            Err(ApiError::invalid("prompt", "one prompt per request (a list of several prompts is not supported)").code("unsupported_value"))
+            Err(ApiError::invalid(
+                "prompt",
+                "one prompt per request (a list of several prompts is not supported)",
+            )
+            .code("unsupported_value"))
         }
         Some(_) => Err(bad()),
     }
@@ -260,7 +449,9 @@ mod tests {
 
     #[test]
     fn each_bad_field_is_named() {
-        let chat = |extra: &str| format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}]{extra}}}"#);
+        let chat = |extra: &str| {
+            format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}]{extra}}}"#)
+        };
         for (extra, param) in [
             (r#","max_tokens":-1"#, "max_tokens"),
             (r#","max_completion_tokens":0"#, "max_completion_tokens"),
@@ -278,14 +469,37 @@ mod tests {
             (r#","stream_options":{"include_usage":1}"#, "stream_options.include_usage"),
         ] {
             let e = err(Endpoint::Chat, &chat(extra));
-            assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some(param)), "{extra}: {}", e.message);
+            assert_eq!(
+                (e.status.as_u16(), e.param.as_deref()),
+                (400, Some(param)),
+                "{extra}: {}",
+                e.message
+            );
         }
         assert_eq!(err(Endpoint::Chat, r#"{"messages":[]}"#).param.as_deref(), Some("model"));
         assert_eq!(err(Endpoint::Chat, r#"{"model":"m"}"#).param.as_deref(), Some("messages"));
-        assert_eq!(err(Endpoint::Chat, r#"{"model":"m","messages":[{"role":"wizard","content":"x"}]}"#).param.as_deref(), Some("messages[0].role"));
-        assert_eq!(err(Endpoint::Chat, r#"{"model":"m","messages":[{"role":"user","content":5}]}"#).param.as_deref(), Some("messages[0].content"));
-        assert_eq!(err(Endpoint::Completion, r#"{"model":"m","prompt":{"a":1}}"#).param.as_deref(), Some("prompt"));
-        assert_eq!(err(Endpoint::Completion, r#"{"model":"m","prompt":"x","logprobs":9}"#).param.as_deref(), Some("logprobs"));
+        assert_eq!(
+            err(Endpoint::Chat, r#"{"model":"m","messages":[{"role":"wizard","content":"x"}]}"#)
+                .param
+                .as_deref(),
+            Some("messages[0].role")
+        );
+        assert_eq!(
+            err(Endpoint::Chat, r#"{"model":"m","messages":[{"role":"user","content":5}]}"#)
+                .param
+                .as_deref(),
+            Some("messages[0].content")
+        );
+        assert_eq!(
+            err(Endpoint::Completion, r#"{"model":"m","prompt":{"a":1}}"#).param.as_deref(),
+            Some("prompt")
+        );
+        assert_eq!(
+            err(Endpoint::Completion, r#"{"model":"m","prompt":"x","logprobs":9}"#)
+                .param
+                .as_deref(),
+            Some("logprobs")
+        );
         assert_eq!(err(Endpoint::Chat, "{not json").code, Some("invalid_json"));
         assert_eq!(err(Endpoint::Chat, "[1,2]").param.as_deref(), Some("body"));
     }
@@ -293,11 +507,21 @@ mod tests {
     #[test]
     fn good_requests_parse() {
         let r = parse(Endpoint::Chat, br#"{"model":"m","messages":[{"role":"developer","content":[{"type":"text","text":"be brief"}]},{"role":"user","content":"hi"}],"max_tokens":5,"stop":["a","b"],"seed":3,"stream":true,"stream_options":{"include_usage":true},"logprobs":true,"top_logprobs":2,"response_format":{"type":"json_object"},"unknown_field":1}"#).unwrap();
-        assert_eq!(r.input, Input::Messages(vec![ChatMessage { role: "system".into(), content: "be brief".into() }, ChatMessage { role: "user".into(), content: "hi".into() }]));
-        assert_eq!((r.max_tokens, r.params.stop.len(), r.params.sampling.seed), (Some(5), 2, Some(3)));
+        assert_eq!(
+            r.input,
+            Input::Messages(vec![
+                ChatMessage { role: "system".into(), content: "be brief".into() },
+                ChatMessage { role: "user".into(), content: "hi".into() }
+            ])
+        );
+        assert_eq!(
+            (r.max_tokens, r.params.stop.len(), r.params.sampling.seed),
+            (Some(5), 2, Some(3))
+        );
         assert!(r.stream && r.include_usage && r.json_mode);
         assert_eq!(r.logprobs, Some(2));
-        let r = parse(Endpoint::Completion, br#"{"model":"m","prompt":[1,2,3],"temperature":0}"#).unwrap();
+        let r = parse(Endpoint::Completion, br#"{"model":"m","prompt":[1,2,3],"temperature":0}"#)
+            .unwrap();
         assert_eq!(r.input, Input::Tokens(vec![1, 2, 3]));
         assert_eq!(r.params.sampling.temperature, 0.0);
     }
@@ -307,20 +531,43 @@ mod tests {
             Just(Value::Null),
             any::<bool>().prop_map(Value::Bool),
             any::<i64>().prop_map(Value::from),
-            any::<f64>().prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
+            any::<f64>()
+                .prop_map(|f| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)),
             ".{0,12}".prop_map(Value::String),
-            prop_oneof![Just("model"), Just("messages"), Just("role"), Just("user"), Just("content"), Just("text"), Just("type")].prop_map(|s| Value::String(s.into())),
+            prop_oneof![
+                Just("model"),
+                Just("messages"),
+                Just("role"),
+                Just("user"),
+                Just("content"),
+                Just("text"),
+                Just("type")
+            ]
+            .prop_map(|s| Value::String(s.into())),
         ];
         leaf.prop_recursive(4, 48, 6, |inner| {
             prop_oneof![
                 prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
                 prop::collection::btree_map(
                     prop_oneof![
-                        Just("model".to_string()), Just("messages".to_string()), Just("prompt".to_string()), Just("role".to_string()),
-                        Just("content".to_string()), Just("stop".to_string()), Just("max_tokens".to_string()), Just("temperature".to_string()),
-                        Just("top_p".to_string()), Just("n".to_string()), Just("stream".to_string()), Just("stream_options".to_string()),
-                        Just("logprobs".to_string()), Just("top_logprobs".to_string()), Just("response_format".to_string()), Just("type".to_string()),
-                        Just("seed".to_string()), ".{0,6}",
+                        Just("model".to_string()),
+                        Just("messages".to_string()),
+                        Just("prompt".to_string()),
+                        Just("role".to_string()),
+                        Just("content".to_string()),
+                        Just("stop".to_string()),
+                        Just("max_tokens".to_string()),
+                        Just("temperature".to_string()),
+                        Just("top_p".to_string()),
+                        Just("n".to_string()),
+                        Just("stream".to_string()),
+                        Just("stream_options".to_string()),
+                        Just("logprobs".to_string()),
+                        Just("top_logprobs".to_string()),
+                        Just("response_format".to_string()),
+                        Just("type".to_string()),
+                        Just("seed".to_string()),
+                        ".{0,6}",
                     ],
                     inner,
                     0..8,

@@ -44,7 +44,12 @@ pub struct RequestLog {
 
 impl RequestLog {
     /// `max_bytes` per file, `keep` rotated files besides the current one.
-    pub fn open(dir: &Path, max_bytes: usize, keep: usize, with_text: bool) -> std::io::Result<RequestLog> {
+    pub fn open(
+        dir: &Path,
+        max_bytes: usize,
+        keep: usize,
+        with_text: bool,
+    ) -> std::io::Result<RequestLog> {
         std::fs::create_dir_all(dir)?;
         let file = FileRotate::new(
             dir.join("requests.jsonl"),

@@ -23,15 +23,26 @@ fn status_of(app: &App, run: &Run) -> Response {
 }
 
 fn no_run() -> ApiError {
-    ApiError::new(StatusCode::CONFLICT, "invalid_request_error", "No training run is active (start one with POST /train)").code("no_training_run")
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "invalid_request_error",
+        "No training run is active (start one with POST /train)",
+    )
+    .code("no_training_run")
 }
 
 pub async fn start(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Reply {
-    let bytes = body.map_err(|r| ApiError::new(r.status(), "invalid_request_error", r.body_text()))?;
+    let bytes =
+        body.map_err(|r| ApiError::new(r.status(), "invalid_request_error", r.body_text()))?;
     let req = request::parse(&bytes).map_err(|e| ApiError::invalid(&e.param, e.to_string()))?;
     match app.engine.start_training(req).await {
-        Ok(run) => Ok((StatusCode::CREATED, Json(run.status(&app.engine.training))).into_response()),
-        Err(e @ StartError::Busy(_)) => Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string()).code("training_running")),
+        Ok(run) => {
+            Ok((StatusCode::CREATED, Json(run.status(&app.engine.training))).into_response())
+        }
+        Err(e @ StartError::Busy(_)) => {
+            Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
+                .code("training_running"))
+        }
         Err(StartError::Field(e)) => Err(ApiError::invalid(&e.param, e.to_string())),
         Err(StartError::Engine(e)) => Err(e.into()),
     }

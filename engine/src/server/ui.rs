@@ -24,7 +24,15 @@ pub fn routes() -> Router<Arc<Front>> {
             path,
             get(move || async move {
                 // The pages must not be framed by another site (clickjacking the settings).
-                ([(header::CONTENT_TYPE, mime), (header::X_FRAME_OPTIONS, "DENY"), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+                (
+                    [
+                        (header::CONTENT_TYPE, mime),
+                        (header::X_FRAME_OPTIONS, "DENY"),
+                        (header::CACHE_CONTROL, "no-cache"),
+                    ],
+                    body,
+                )
+                    .into_response()
             }),
         )
     })

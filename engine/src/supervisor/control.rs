@@ -29,7 +29,14 @@ pub fn router(sup: Weak<Supervisor>) -> Router {
         .route("/api/models/{*id}", axum::routing::delete(delete_model))
         .route("/api/downloads", get(downloads).post(start_download))
         .route("/api/downloads/{id}/cancel", post(cancel_download))
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", "No such control endpoint").code("not_found") })
+        .fallback(|| async {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                "No such control endpoint",
+            )
+            .code("not_found")
+        })
         .with_state(sup)
 }
 
@@ -39,8 +46,11 @@ fn gone() -> ApiError {
 
 fn config_error(e: &ConfigError) -> ApiError {
     match e {
-        ConfigError::Invalid { field, message } => ApiError::invalid(field, format!("`{field}`: {message}")).code("invalid_setting"),
-        e => ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", e.to_string()).code("invalid_setting"),
+        ConfigError::Invalid { field, message } => {
+            ApiError::invalid(field, format!("`{field}`: {message}")).code("invalid_setting")
+        }
+        e => ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", e.to_string())
+            .code("invalid_setting"),
     }
 }
 
@@ -51,11 +61,21 @@ fn live(sup: Weak<Supervisor>) -> Result<Arc<Supervisor>, ApiError> {
 }
 
 fn body<T: serde::de::DeserializeOwned>(bytes: &Bytes) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", format!("Invalid body: {e}")).code("invalid_json"))
+    serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            format!("Invalid body: {e}"),
+        )
+        .code("invalid_json")
+    })
 }
 
 fn field<'a>(v: &'a Value, name: &str) -> Result<&'a str, ApiError> {
-    v.get(name).and_then(Value::as_str).filter(|s| !s.is_empty()).ok_or_else(|| ApiError::invalid(name, format!("`{name}` is required (a string)")))
+    v.get(name)
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| ApiError::invalid(name, format!("`{name}` is required (a string)")))
 }
 
 async fn status(State(sup): S) -> Reply {
@@ -63,7 +83,8 @@ async fn status(State(sup): S) -> Reply {
     let mut v = serde_json::to_value(sup.status()).unwrap_or_default();
     if let Some(app) = sup.app() {
         v["model"] = json!(app.engine.loaded().map(|m| m.id));
-        v["foreground"] = serde_json::to_value(app.engine.foreground.snapshot()).unwrap_or_default();
+        v["foreground"] =
+            serde_json::to_value(app.engine.foreground.snapshot()).unwrap_or_default();
         v["last_request"] = app.last_request.locked().clone().unwrap_or_default();
         v["memory_bytes"] = json!(crate::platform::active_memory_bytes());
     }
@@ -97,11 +118,13 @@ async fn put_config(State(sup): S, bytes: Bytes) -> Reply {
     let sup = live(sup)?;
     let patch: Value = body(&bytes)?;
     let Value::Object(patch) = patch else {
-        return Err(ApiError::invalid("body", "the body must be a JSON object of settings").code("invalid_setting"));
+        return Err(ApiError::invalid("body", "the body must be a JSON object of settings")
+            .code("invalid_setting"));
     };
     // Laid over the file as it is (or, when a hand edit broke it, what runs): a body naming
     // one field changes that field, never the others, and never the key by leaving it out.
-    let current = Settings::load(sup.config_path()).ok().or_else(|| sup.settings()).unwrap_or_default();
+    let current =
+        Settings::load(sup.config_path()).ok().or_else(|| sup.settings()).unwrap_or_default();
     let settings = current.patched(patch).map_err(|e| config_error(&e))?;
     let restarted = sup.save(settings).await.map_err(|e| config_error(&e))?;
     Ok(Json(json!({"restarted": restarted, "status": sup.status()})).into_response())
@@ -124,7 +147,8 @@ async fn models(State(sup): S) -> Reply {
             v
         })
         .collect();
-    Ok(Json(json!({"data": data, "models_dir": catalog.models_dir, "hf_cache": catalog.hf_cache})).into_response())
+    Ok(Json(json!({"data": data, "models_dir": catalog.models_dir, "hf_cache": catalog.hf_cache}))
+        .into_response())
 }
 
 async fn select(State(sup): S, bytes: Bytes) -> Reply {
@@ -139,16 +163,29 @@ async fn delete_model(State(sup): S, Path(id): Path<String>) -> Reply {
     let sup = live(sup)?;
     let settings = sup.settings().ok_or_else(gone)?;
     if id == settings.default_model {
-        return Err(ApiError::invalid("id", format!("`{id}` is the default model; pick another default before deleting it")).code("model_in_use"));
+        return Err(ApiError::invalid(
+            "id",
+            format!("`{id}` is the default model; pick another default before deleting it"),
+        )
+        .code("model_in_use"));
     }
     // Models in the Hugging Face cache belong to the hub's tools, not to Perch.
-    let m = settings.catalog().installed().into_iter().find(|m| m.id == id).ok_or_else(|| ApiError::model_not_found(&id))?;
+    let m = settings
+        .catalog()
+        .installed()
+        .into_iter()
+        .find(|m| m.id == id)
+        .ok_or_else(|| ApiError::model_not_found(&id))?;
     if let Some(app) = sup.app() {
         app.engine.unload(&id).await?;
     }
-    tokio::fs::remove_dir_all(&m.path)
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", format!("cannot delete {}: {e}", m.path.display())))?;
+    tokio::fs::remove_dir_all(&m.path).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            format!("cannot delete {}: {e}", m.path.display()),
+        )
+    })?;
     Ok(Json(json!({"id": id, "deleted": true})).into_response())
 }
 
@@ -160,13 +197,27 @@ async fn import(State(sup): S, bytes: Bytes) -> Reply {
         return Err(ApiError::invalid("path", format!("{} is not a .gguf file", path.display())));
     }
     let name = v.get("name").and_then(Value::as_str).map(String::from);
-    let models_dir = sup.settings().map(|s| s.models_dir()).unwrap_or_else(crate::paths::models_dir);
-    let opts = crate::gguf::import::ImportOptions { name, quantize: crate::gguf::import::Quantize::None, dtype: crate::gguf::import::StoreDtype::Bf16, overwrite: false };
-    let dir = tokio::task::spawn_blocking(move || crate::gguf::import::import(&path, &models_dir, &opts))
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", format!("import failed: {e}")))?
-        .map_err(|e| ApiError::invalid("path", e.to_string()).code("import_failed"))?;
-    Ok(Json(json!({"id": dir.file_name().map(|n| n.to_string_lossy()), "path": dir})).into_response())
+    let models_dir =
+        sup.settings().map(|s| s.models_dir()).unwrap_or_else(crate::paths::models_dir);
+    let opts = crate::gguf::import::ImportOptions {
+        name,
+        quantize: crate::gguf::import::Quantize::None,
+        dtype: crate::gguf::import::StoreDtype::Bf16,
+        overwrite: false,
+    };
+    let dir =
+        tokio::task::spawn_blocking(move || crate::gguf::import::import(&path, &models_dir, &opts))
+            .await
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    format!("import failed: {e}"),
+                )
+            })?
+            .map_err(|e| ApiError::invalid("path", e.to_string()).code("import_failed"))?;
+    Ok(Json(json!({"id": dir.file_name().map(|n| n.to_string_lossy()), "path": dir}))
+        .into_response())
 }
 
 async fn downloads(State(sup): S) -> Reply {
@@ -181,14 +232,22 @@ async fn start_download(State(sup): S, bytes: Bytes) -> Reply {
     let revision = v.get("revision").and_then(Value::as_str);
     match sup.downloads.start(&repo, revision, &settings.hub_endpoint(), &settings.models_dir()) {
         Ok(job) => Ok((StatusCode::ACCEPTED, Json(job)).into_response()),
-        Err(e @ (DownloadError::AlreadyRunning(_) | DownloadError::AlreadyInstalled(_))) => Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string()).code("conflict")),
+        Err(e @ (DownloadError::AlreadyRunning(_) | DownloadError::AlreadyInstalled(_))) => {
+            Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
+                .code("conflict"))
+        }
         Err(e) => Err(ApiError::invalid("repo", e.to_string())),
     }
 }
 
 async fn cancel_download(State(sup): S, Path(id): Path<u64>) -> Reply {
     if !live(sup)?.downloads.cancel(id) {
-        return Err(ApiError::new(StatusCode::NOT_FOUND, "invalid_request_error", format!("No download {id}")).code("not_found"));
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!("No download {id}"),
+        )
+        .code("not_found"));
     }
     Ok(Json(json!({"id": id, "cancelling": true})).into_response())
 }

@@ -34,20 +34,32 @@ impl Supervisor {
             .into_iter()
             .map(|m| {
                 let loading = status.loading.as_deref() == Some(m.id.as_str());
-                TrayModel { label: if loading { format!("{} (loading…)", m.id) } else { m.id.clone() }, checked: m.id == default, id: m.id }
+                TrayModel {
+                    label: if loading { format!("{} (loading…)", m.id) } else { m.id.clone() },
+                    checked: m.id == default,
+                    id: m.id,
+                }
             })
             .collect();
         let mut line = match (&status.phase, &status.loading) {
             (Phase::Running, Some(id)) => format!("Loading {id}…"),
             (Phase::Running, None) => {
                 let app = self.app();
-                let model = app.as_ref().and_then(|a| a.engine.loaded()).map(|m| m.id).unwrap_or_else(|| "no model".into());
+                let model = app
+                    .as_ref()
+                    .and_then(|a| a.engine.loaded())
+                    .map(|m| m.id)
+                    .unwrap_or_else(|| "no model".into());
                 let rate = app
                     .as_ref()
-                    .and_then(|a| a.last_request.lock().ok()?.as_ref()?.get("decode_tok_s")?.as_f64())
+                    .and_then(|a| {
+                        a.last_request.lock().ok()?.as_ref()?.get("decode_tok_s")?.as_f64()
+                    })
                     .map(|r| format!(" · {r:.1} tok/s"))
                     .unwrap_or_default();
-                let memory = crate::platform::active_memory_bytes().map(|b| format!(" · {}", human_bytes(b))).unwrap_or_default();
+                let memory = crate::platform::active_memory_bytes()
+                    .map(|b| format!(" · {}", human_bytes(b)))
+                    .unwrap_or_default();
                 format!("{model}{rate}{memory}")
             }
             _ => status.message.clone(),

@@ -86,7 +86,10 @@ impl Supervisor {
     /// Bind the listener and start the engine the settings file describes (writing the
     /// defaults first if there is no file). Returns once the UI and control API are up; the
     /// model loads in the background (`status().phase` says when it is running).
-    pub async fn start(path: &Path, log_dir: Option<PathBuf>) -> Result<Arc<Supervisor>, ServeError> {
+    pub async fn start(
+        path: &Path,
+        log_dir: Option<PathBuf>,
+    ) -> Result<Arc<Supervisor>, ServeError> {
         if !path.exists() {
             if let Err(e) = Settings::default().save(path) {
                 tracing::warn!("cannot write default settings: {e}");
@@ -97,7 +100,10 @@ impl Supervisor {
             Ok(s) => ServeConfig::from_settings(s, log_dir.clone()),
             // Serve the UI where the user expects it, so they can fix the file there, guarded
             // by the key the file holds (never the defaults' lack of one).
-            Err(_) => ServeConfig::from_settings(&Settings::salvage(&std::fs::read_to_string(path).unwrap_or_default()), None),
+            Err(_) => ServeConfig::from_settings(
+                &Settings::salvage(&std::fs::read_to_string(path).unwrap_or_default()),
+                None,
+            ),
         };
         let server = Server::bind(serve).await?;
         let url = server.url();
@@ -108,7 +114,15 @@ impl Supervisor {
             server: tokio::sync::Mutex::new(None),
             front: Mutex::new(Some(server.front.clone())),
             applied: Mutex::new(None),
-            status: Mutex::new(Status { phase: Phase::Starting, message: "Starting the engine".into(), config_error: None, url, config_path: path.to_path_buf(), loading: None, restarts: 0 }),
+            status: Mutex::new(Status {
+                phase: Phase::Starting,
+                message: "Starting the engine".into(),
+                config_error: None,
+                url,
+                config_path: path.to_path_buf(),
+                loading: None,
+                restarts: 0,
+            }),
             changes: tokio::sync::Mutex::new(()),
             watcher: Mutex::new(None),
             runtime: tokio::runtime::Handle::current(),
@@ -131,14 +145,19 @@ impl Supervisor {
     /// Watch the settings file; hand edits apply like the settings window's (debounced).
     pub fn watch(self: &Arc<Self>) -> notify::Result<()> {
         let weak = Arc::downgrade(self);
-        let w = watch::Watcher::new(&self.runtime, &self.path, Duration::from_millis(300), move || {
-            let weak = weak.clone();
-            async move {
-                if let Some(s) = weak.upgrade() {
-                    s.reload().await;
+        let w = watch::Watcher::new(
+            &self.runtime,
+            &self.path,
+            Duration::from_millis(300),
+            move || {
+                let weak = weak.clone();
+                async move {
+                    if let Some(s) = weak.upgrade() {
+                        s.reload().await;
+                    }
                 }
-            }
-        })?;
+            },
+        )?;
         *lock(&self.watcher) = Some(w);
         Ok(())
     }
@@ -276,7 +295,12 @@ impl Supervisor {
                 s.phase = Phase::Restarting;
                 s.message = format!("Restarting the engine: finishing {busy} request(s)");
             });
-            let old_app = server.unhost("The engine is restarting to apply new settings; try again in a moment", RESTART_GRACE).await;
+            let old_app = server
+                .unhost(
+                    "The engine is restarting to apply new settings; try again in a moment",
+                    RESTART_GRACE,
+                )
+                .await;
             // The old engine (and its model memory) goes before the new one loads.
             drop(old_app);
         }
@@ -293,14 +317,21 @@ impl Supervisor {
             s.phase = if old.is_some() { Phase::Restarting } else { Phase::Starting };
             s.message = format!("Loading {}…", new.default_model);
         });
-        server.front.set_unavailable(format!("The engine is loading {}; try again in a moment", new.default_model));
+        server.front.set_unavailable(format!(
+            "The engine is loading {}; try again in a moment",
+            new.default_model
+        ));
         let config = new.engine_config();
         let started = tokio::task::spawn_blocking(move || Engine::start(config)).await;
         let started = match started {
             Ok(r) => r.map_err(|e| e.to_string()),
             Err(e) => Err(format!("the engine panicked while starting: {e}")),
         };
-        let hosted = started.and_then(|engine| server.host(Arc::new(engine), ServeConfig::from_settings(&new, self.log_dir.clone())).map_err(|e| e.to_string()));
+        let hosted = started.and_then(|engine| {
+            server
+                .host(Arc::new(engine), ServeConfig::from_settings(&new, self.log_dir.clone()))
+                .map_err(|e| e.to_string())
+        });
         match hosted {
             Ok(_) => {
                 *lock(&self.applied) = Some(new.clone());
@@ -316,7 +347,10 @@ impl Supervisor {
             Err(e) => {
                 tracing::error!("the engine could not start: {e}");
                 server.front.set_unavailable(format!("The engine could not start: {e}"));
-                let problem = ConfigError::Invalid { field: "default_model", message: format!("the engine could not start with these settings: {e}") };
+                let problem = ConfigError::Invalid {
+                    field: "default_model",
+                    message: format!("the engine could not start with these settings: {e}"),
+                };
                 drop(guard);
                 match old {
                     Some(old) => {

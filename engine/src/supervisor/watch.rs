@@ -19,25 +19,35 @@ impl Drop for Watcher {
 }
 
 impl Watcher {
-    pub fn new<F, Fut>(runtime: &tokio::runtime::Handle, file: &Path, settle: Duration, on_change: F) -> notify::Result<Watcher>
+    pub fn new<F, Fut>(
+        runtime: &tokio::runtime::Handle,
+        file: &Path,
+        settle: Duration,
+        on_change: F,
+    ) -> notify::Result<Watcher>
     where
         F: Fn() -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let dir = file.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
+        let dir = file
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_path_buf();
         std::fs::create_dir_all(&dir).map_err(notify::Error::io)?;
         let name = file.file_name().map(|n| n.to_os_string());
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-        let mut inner = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            if let Ok(event) = event {
-                if event.kind.is_access() {
-                    return;
+        let mut inner =
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                if let Ok(event) = event {
+                    if event.kind.is_access() {
+                        return;
+                    }
+                    if event.paths.iter().any(|p| p.file_name().map(|n| n.to_os_string()) == name) {
+                        let _ = tx.send(());
+                    }
                 }
-                if event.paths.iter().any(|p| p.file_name().map(|n| n.to_os_string()) == name) {
-                    let _ = tx.send(());
-                }
-            }
-        })?;
+            })?;
         inner.watch(&dir, RecursiveMode::NonRecursive)?;
         let task = runtime.spawn(async move {
             while rx.recv().await.is_some() {

@@ -38,7 +38,11 @@ const MIN_CHUNK: usize = 8;
 pub fn samples(tok: &Tokenizer, data: &TrainData, seq_len: usize) -> Result<Vec<Sample>> {
     match data {
         TrainData::Text(text) => Ok(text_samples(tok, text, seq_len)?),
-        TrainData::Examples(examples) => examples.iter().enumerate().map(|(i, e)| example_sample(tok, e, seq_len).map_err(|e| at(i, e))).collect(),
+        TrainData::Examples(examples) => examples
+            .iter()
+            .enumerate()
+            .map(|(i, e)| example_sample(tok, e, seq_len).map_err(|e| at(i, e)))
+            .collect(),
     }
 }
 
@@ -71,14 +75,24 @@ fn text_samples(tok: &Tokenizer, text: &str, seq_len: usize) -> Result<Vec<Sampl
 /// conversation rendered up to it with the generation prompt and rendered including it.
 fn pieces(tok: &Tokenizer, messages: &[ChatMessage]) -> Result<Vec<(String, bool)>> {
     if !messages.iter().any(|m| m.role == "assistant") {
-        return Err(EngineError::InvalidRequest("needs at least one assistant message (only assistant turns are trained on)".into()));
+        return Err(EngineError::InvalidRequest(
+            "needs at least one assistant message (only assistant turns are trained on)".into(),
+        ));
     }
-    if let Some(m) = messages.iter().find(|m| !["system", "user", "assistant"].contains(&m.role.as_str())) {
-        return Err(EngineError::InvalidRequest(format!("role `{}` is not system, user or assistant", m.role)));
+    if let Some(m) =
+        messages.iter().find(|m| !["system", "user", "assistant"].contains(&m.role.as_str()))
+    {
+        return Err(EngineError::InvalidRequest(format!(
+            "role `{}` is not system, user or assistant",
+            m.role
+        )));
     }
     if !tok.has_chat_template() {
         // A base model: the messages in order, separated by blank lines, as in `encode_chat`.
-        return Ok(messages.iter().map(|m| (format!("{}\n\n", m.content), m.role == "assistant")).collect());
+        return Ok(messages
+            .iter()
+            .map(|m| (format!("{}\n\n", m.content), m.role == "assistant"))
+            .collect());
     }
     let mut out = Vec::new();
     let mut done = String::new();
@@ -88,7 +102,9 @@ fn pieces(tok: &Tokenizer, messages: &[ChatMessage]) -> Result<Vec<(String, bool
         }
         let prompt = tok.apply_chat_template(&messages[..i], true)?;
         let full = tok.apply_chat_template(&messages[..=i], false)?;
-        let (Some(context), Some(answer)) = (prompt.strip_prefix(done.as_str()), full.strip_prefix(prompt.as_str())) else {
+        let (Some(context), Some(answer)) =
+            (prompt.strip_prefix(done.as_str()), full.strip_prefix(prompt.as_str()))
+        else {
             return Err(EngineError::Template("the chat template does not render a conversation as a continuation of its beginning, so assistant turns cannot be located".into()));
         };
         out.push((context.to_string(), false));
@@ -112,7 +128,9 @@ fn example_sample(tok: &Tokenizer, e: &Example, seq_len: usize) -> Result<Sample
     loss.truncate(seq_len);
     let sample = Sample { tokens, loss };
     if sample.targets() == 0 {
-        return Err(EngineError::InvalidRequest(format!("no assistant token fits in seq_len = {seq_len}")));
+        return Err(EngineError::InvalidRequest(format!(
+            "no assistant token fits in seq_len = {seq_len}"
+        )));
     }
     Ok(sample)
 }
@@ -147,7 +165,8 @@ mod tests {
 
     #[test]
     fn split_is_deterministic_and_keeps_everything() {
-        let samples: Vec<Sample> = (0..20).map(|i| Sample { tokens: vec![i], loss: vec![true] }).collect();
+        let samples: Vec<Sample> =
+            (0..20).map(|i| Sample { tokens: vec![i], loss: vec![true] }).collect();
         let (a, b) = split(samples.clone(), 0.1, 3);
         let (a2, b2) = split(samples.clone(), 0.1, 3);
         assert_eq!((a.len(), b.len()), (18, 2));

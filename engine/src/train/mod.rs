@@ -17,10 +17,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use crate::sync::LockExt;
 pub use pacing::{Pacer, Pacing};
 pub use receipt::{Receipt, ReceiptSummary, TurnOutcome};
 pub use run::{Run, RunState, RunStatus};
-use crate::sync::LockExt;
 
 #[derive(Default)]
 struct Ledger {
@@ -42,7 +42,12 @@ pub struct Training {
 
 impl Default for Training {
     fn default() -> Self {
-        Training { clock: Instant::now(), ledger: Mutex::default(), run: Mutex::default(), next_turn: AtomicU64::new(0) }
+        Training {
+            clock: Instant::now(),
+            ledger: Mutex::default(),
+            run: Mutex::default(),
+            next_turn: AtomicU64::new(0),
+        }
     }
 }
 
@@ -74,15 +79,24 @@ impl Training {
         Turn { training: self.clone(), id, start, done: false }
     }
 
-    fn turn_end(&self, id: u64, start: f64, steps: usize, at: Option<Instant>) -> Option<TurnOutcome> {
-        let end = at.map_or_else(|| self.now(), |t| t.saturating_duration_since(self.clock).as_secs_f64());
+    fn turn_end(
+        &self,
+        id: u64,
+        start: f64,
+        steps: usize,
+        at: Option<Instant>,
+    ) -> Option<TurnOutcome> {
+        let end = at
+            .map_or_else(|| self.now(), |t| t.saturating_duration_since(self.clock).as_secs_f64());
         let mut l = self.ledger();
         l.open.remove(&id);
         let outcome = l.receipt.as_mut().map(|r| r.turn_finished(id, 0, start, end, steps))?;
         tracing::debug!(id, start, end, steps, ?outcome, "turn");
         match outcome {
             TurnOutcome::Clean { tps } => l.pacer.clean_turn(tps, end),
-            TurnOutcome::Slowed { overlap_s, .. } | TurnOutcome::Unmeasured { overlap_s } => l.pacer.overlapped_turn(steps, end - start, overlap_s, end),
+            TurnOutcome::Slowed { overlap_s, .. } | TurnOutcome::Unmeasured { overlap_s } => {
+                l.pacer.overlapped_turn(steps, end - start, overlap_s, end)
+            }
             TurnOutcome::Skipped => {}
         }
         Some(outcome)

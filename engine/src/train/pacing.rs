@@ -100,7 +100,9 @@ impl Pacer {
             Pacing::MaxSlowdownPpm(t) => {
                 let t = t as f64 / 1e6;
                 match (self.r0, self.rw) {
-                    (Some(r0), Some(rw)) if r0.tps > 0.0 => d * (r0.tps * (1.0 - t) - rw.tps).max(0.0) / (r0.tps * t),
+                    (Some(r0), Some(rw)) if r0.tps > 0.0 => {
+                        d * (r0.tps * (1.0 - t) - rw.tps).max(0.0) / (r0.tps * t)
+                    }
                     _ => d * (1.0 - t) / t,
                 }
             }
@@ -110,7 +112,9 @@ impl Pacer {
 
     /// Whether r0 needs re-measuring: it is missing or stale and turns keep overlapping windows.
     pub fn probe_due(&self, now: f64) -> bool {
-        matches!(self.pacing, Pacing::MaxSlowdownPpm(_)) && self.overlapped_since_r0 && self.r0.is_none_or(|r| now - r.at > R0_STALE_S)
+        matches!(self.pacing, Pacing::MaxSlowdownPpm(_))
+            && self.overlapped_since_r0
+            && self.r0.is_none_or(|r| now - r.at > R0_STALE_S)
     }
 }
 

@@ -96,7 +96,14 @@ impl Receipt {
 
     /// A turn finished: measure it, then prune. `start`/`end` are its generation's times on
     /// the receipt's clock, `steps` its decode steps, `slot` the generation slot it ran in.
-    pub fn turn_finished(&mut self, id: u64, slot: usize, start: f64, end: f64, steps: usize) -> TurnOutcome {
+    pub fn turn_finished(
+        &mut self,
+        id: u64,
+        slot: usize,
+        start: f64,
+        end: f64,
+        steps: usize,
+    ) -> TurnOutcome {
         self.open.remove(&id);
         let outcome = if steps < MIN_STEPS || end <= start {
             TurnOutcome::Skipped
@@ -131,7 +138,10 @@ impl Receipt {
 
     /// Seconds of [start, end] covered by windows (a running window counts up to `end`).
     fn overlap(&self, start: f64, end: f64) -> f64 {
-        self.spans.iter().map(|s| (s.end.unwrap_or(end).min(end) - s.start.max(start)).max(0.0)).sum()
+        self.spans
+            .iter()
+            .map(|s| (s.end.unwrap_or(end).min(end) - s.start.max(start)).max(0.0))
+            .sum()
     }
 
     /// Drop closed spans that ended before every turn still in flight started.
@@ -207,11 +217,16 @@ mod tests {
         let mut r = with_baseline();
         r.window_started(10.0);
         r.turn_started(1, 12.0);
-        assert!(matches!(r.turn_finished(1, 0, 12.0, 14.0, 100), TurnOutcome::Slowed { overlap_s, .. } if overlap_s == 2.0));
+        assert!(
+            matches!(r.turn_finished(1, 0, 12.0, 14.0, 100), TurnOutcome::Slowed { overlap_s, .. } if overlap_s == 2.0)
+        );
         assert_eq!(r.spans_kept(), 1, "a running window is never pruned");
         r.run_ended(15.0);
         r.turn_started(2, 20.0);
-        assert!(matches!(r.turn_finished(2, 0, 20.0, 21.0, 100), TurnOutcome::Clean { .. }), "after the run's end nothing overlaps");
+        assert!(
+            matches!(r.turn_finished(2, 0, 20.0, 21.0, 100), TurnOutcome::Clean { .. }),
+            "after the run's end nothing overlaps"
+        );
         assert_eq!(r.spans_kept(), 0);
     }
 
@@ -222,12 +237,21 @@ mod tests {
         r.window_started(10.0);
         r.window_ended(20.0);
         r.turn_started(2, 8.0);
-        assert!(matches!(r.turn_finished(2, 1, 8.0, 30.0, 100), TurnOutcome::Unmeasured { overlap_s } if overlap_s == 10.0), "slot 1 has no baseline yet");
+        assert!(
+            matches!(r.turn_finished(2, 1, 8.0, 30.0, 100), TurnOutcome::Unmeasured { overlap_s } if overlap_s == 10.0),
+            "slot 1 has no baseline yet"
+        );
         assert_eq!(r.spans_kept(), 1, "turn 1 (from 5 s) is still open");
-        assert!(matches!(r.turn_finished(1, 0, 5.0, 40.0, 100), TurnOutcome::Slowed { overlap_s, .. } if overlap_s == 10.0));
+        assert!(
+            matches!(r.turn_finished(1, 0, 5.0, 40.0, 100), TurnOutcome::Slowed { overlap_s, .. } if overlap_s == 10.0)
+        );
         assert_eq!(r.spans_kept(), 0);
         let s = r.summary();
-        assert_eq!((s.turns_clean, s.turns_overlapped, s.turns_unmeasured), (1, 2, 1), "unmeasured turns are still counted as overlapped");
+        assert_eq!(
+            (s.turns_clean, s.turns_overlapped, s.turns_unmeasured),
+            (1, 2, 1),
+            "unmeasured turns are still counted as overlapped"
+        );
     }
 
     #[test]
@@ -253,12 +277,21 @@ mod tests {
         r.window_started(120.0);
         r.window_ended(130.0);
         // B finishes first: 20 s for 1000 steps = 50 tok/s → 0.5 slowdown.
-        assert_eq!(r.turn_finished(2, 1, 110.0, 130.0, 1000), TurnOutcome::Slowed { overlap_s: 10.0, slowdown_ppm: 500_000 });
+        assert_eq!(
+            r.turn_finished(2, 1, 110.0, 130.0, 1000),
+            TurnOutcome::Slowed { overlap_s: 10.0, slowdown_ppm: 500_000 }
+        );
         assert_eq!(r.spans_kept(), 1, "A (from 100 s) still needs the span");
         // A: 50 s for 4000 steps = 80 tok/s → 0.2 slowdown, the same span measured again.
-        assert_eq!(r.turn_finished(1, 0, 100.0, 150.0, 4000), TurnOutcome::Slowed { overlap_s: 10.0, slowdown_ppm: 200_000 });
+        assert_eq!(
+            r.turn_finished(1, 0, 100.0, 150.0, 4000),
+            TurnOutcome::Slowed { overlap_s: 10.0, slowdown_ppm: 200_000 }
+        );
         let s = r.summary();
-        assert_eq!((s.turn_slowdown_ppm_p50, s.turn_slowdown_ppm_p95, s.turn_slowdown_ppm_max), (Some(200_000), Some(500_000), Some(500_000)));
+        assert_eq!(
+            (s.turn_slowdown_ppm_p50, s.turn_slowdown_ppm_p95, s.turn_slowdown_ppm_max),
+            (Some(200_000), Some(500_000), Some(500_000))
+        );
     }
 
     #[test]
@@ -273,8 +306,16 @@ mod tests {
         }
         let s = r.summary();
         assert_eq!(s.turn_slowdown_ppm_max, Some(123_400));
-        assert_eq!(s.turn_slowdown_ppm_p50, Some(110_000), "bucket [10 %, 11 %) reads as its upper edge");
-        assert_eq!(s.turn_slowdown_ppm_p95, Some(123_400), "bucket [12 %, 13 %) clamped to the exact maximum");
+        assert_eq!(
+            s.turn_slowdown_ppm_p50,
+            Some(110_000),
+            "bucket [10 %, 11 %) reads as its upper edge"
+        );
+        assert_eq!(
+            s.turn_slowdown_ppm_p95,
+            Some(123_400),
+            "bucket [12 %, 13 %) clamped to the exact maximum"
+        );
     }
 
     #[test]

@@ -3,8 +3,8 @@
 use serde_json::{Map, Value};
 
 use super::data::{Example, TrainData};
-use crate::model::lora::{valid_name, LoraSpec, TARGETS};
 use super::pacing::Pacing;
+use crate::model::lora::{valid_name, LoraSpec, TARGETS};
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{message}")]
@@ -36,8 +36,24 @@ pub struct TrainRequest {
 }
 
 const FIELDS: &[&str] = &[
-    "model", "adapter", "text", "examples", "rank", "alpha", "targets", "layers", "epochs", "batch_size", "seq_len",
-    "learning_rate", "weight_decay", "eval_fraction", "seed", "window_batches", "share_ppm", "max_slowdown_ppm",
+    "model",
+    "adapter",
+    "text",
+    "examples",
+    "rank",
+    "alpha",
+    "targets",
+    "layers",
+    "epochs",
+    "batch_size",
+    "seq_len",
+    "learning_rate",
+    "weight_decay",
+    "eval_fraction",
+    "seed",
+    "window_batches",
+    "share_ppm",
+    "max_slowdown_ppm",
 ];
 
 struct Fields<'a>(&'a Map<String, Value>);
@@ -75,7 +91,8 @@ impl Fields<'_> {
 }
 
 pub fn parse(body: &[u8]) -> Result<TrainRequest, FieldError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| bad("body", format!("not valid JSON: {e}")))?;
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| bad("body", format!("not valid JSON: {e}")))?;
     let Value::Object(map) = value else { return Err(bad("body", "must be a JSON object")) };
     if let Some(k) = map.keys().find(|k| !FIELDS.contains(&k.as_str())) {
         return Err(bad(k, format!("unknown field (known: {})", FIELDS.join(", "))));
@@ -84,17 +101,42 @@ pub fn parse(body: &[u8]) -> Result<TrainRequest, FieldError> {
     let model = f.string("model")?;
     let adapter = match f.string("adapter")? {
         Some(a) if valid_name(&a) => a,
-        Some(_) => return Err(bad("adapter", "must be 1–64 letters, digits, `-`, `_` or `.`, not starting with `.`")),
-        None => format!("adapter-{}", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())),
+        Some(_) => {
+            return Err(bad(
+                "adapter",
+                "must be 1–64 letters, digits, `-`, `_` or `.`, not starting with `.`",
+            ))
+        }
+        None => format!(
+            "adapter-{}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
+        ),
     };
-    let data = match (map.get("text").filter(|v| !v.is_null()), map.get("examples").filter(|v| !v.is_null())) {
+    let data = match (
+        map.get("text").filter(|v| !v.is_null()),
+        map.get("examples").filter(|v| !v.is_null()),
+    ) {
         (Some(_), Some(_)) => return Err(bad("text", "give `text` or `examples`, not both")),
-        (None, None) => return Err(bad("text", "training data is required: `text` (plain text) or `examples` (chats)")),
-        (Some(Value::String(t)), None) if t.trim().is_empty() => return Err(bad("text", "is empty")),
+        (None, None) => {
+            return Err(bad(
+                "text",
+                "training data is required: `text` (plain text) or `examples` (chats)",
+            ))
+        }
+        (Some(Value::String(t)), None) if t.trim().is_empty() => {
+            return Err(bad("text", "is empty"))
+        }
         (Some(Value::String(t)), None) => TrainData::Text(t.clone()),
         (Some(_), None) => return Err(bad("text", "must be a string")),
         (None, Some(v)) => {
-            let examples: Vec<Example> = serde_json::from_value(v.clone()).map_err(|e| bad("examples", format!("must be a list of {{\"messages\": [{{\"role\", \"content\"}}]}}: {e}")))?;
+            let examples: Vec<Example> = serde_json::from_value(v.clone()).map_err(|e| {
+                bad(
+                    "examples",
+                    format!("must be a list of {{\"messages\": [{{\"role\", \"content\"}}]}}: {e}"),
+                )
+            })?;
             if examples.is_empty() {
                 return Err(bad("examples", "is empty"));
             }
@@ -104,26 +146,43 @@ pub fn parse(body: &[u8]) -> Result<TrainRequest, FieldError> {
     let rank = f.int("rank", 8, 1, 256)?;
     let alpha = f.float("alpha", 16.0, 1e-6, 1e4)?;
     let targets = match map.get("targets") {
-        None | Some(Value::Null) => ["q_proj", "k_proj", "v_proj", "o_proj"].map(String::from).to_vec(),
+        None | Some(Value::Null) => {
+            ["q_proj", "k_proj", "v_proj", "o_proj"].map(String::from).to_vec()
+        }
         Some(Value::Array(list)) if !list.is_empty() => {
             let mut out = Vec::new();
             for t in list {
                 match t.as_str() {
                     Some(s) if TARGETS.contains(&s) => out.push(s.to_string()),
-                    _ => return Err(bad("targets", format!("unknown target {t} (one of {})", TARGETS.join(", ")))),
+                    _ => {
+                        return Err(bad(
+                            "targets",
+                            format!("unknown target {t} (one of {})", TARGETS.join(", ")),
+                        ))
+                    }
                 }
             }
             out.dedup();
             out
         }
-        Some(_) => return Err(bad("targets", format!("must be a non-empty list of {}", TARGETS.join(", ")))),
+        Some(_) => {
+            return Err(bad(
+                "targets",
+                format!("must be a non-empty list of {}", TARGETS.join(", ")),
+            ))
+        }
     };
     let layers = match map.get("layers") {
         None | Some(Value::Null) => None,
         Some(_) => Some(f.int("layers", 0, 1, 1024)? as usize),
     };
-    let pacing = match (map.get("share_ppm").filter(|v| !v.is_null()), map.get("max_slowdown_ppm").filter(|v| !v.is_null())) {
-        (Some(_), Some(_)) => return Err(bad("max_slowdown_ppm", "give `share_ppm` or `max_slowdown_ppm`, not both")),
+    let pacing = match (
+        map.get("share_ppm").filter(|v| !v.is_null()),
+        map.get("max_slowdown_ppm").filter(|v| !v.is_null()),
+    ) {
+        (Some(_), Some(_)) => {
+            return Err(bad("max_slowdown_ppm", "give `share_ppm` or `max_slowdown_ppm`, not both"))
+        }
         (None, Some(_)) => Pacing::MaxSlowdownPpm(f.int("max_slowdown_ppm", 0, 1, 999_999)? as u32),
         (Some(_), None) => Pacing::SharePpm(f.int("share_ppm", 0, 1, 1_000_000)? as u32),
         (None, None) => Pacing::default(),
@@ -160,7 +219,10 @@ mod tests {
         assert_eq!(r.lora.targets, ["q_proj", "k_proj", "v_proj", "o_proj"]);
         assert_eq!(r.pacing, Pacing::SharePpm(250_000));
         assert!(r.adapter.starts_with("adapter-"));
-        let r = parse(br#"{"text": "x", "max_slowdown_ppm": 100000, "targets": ["down_proj"], "rank": 4}"#).unwrap();
+        let r = parse(
+            br#"{"text": "x", "max_slowdown_ppm": 100000, "targets": ["down_proj"], "rank": 4}"#,
+        )
+        .unwrap();
         assert_eq!(r.pacing, Pacing::MaxSlowdownPpm(100_000));
         assert_eq!(r.lora.targets, ["down_proj"]);
     }
@@ -168,7 +230,10 @@ mod tests {
     #[test]
     fn each_refusal_names_its_field() {
         assert_eq!(err(r#"{"text": "x", "rank": -4}"#).param, "rank");
-        assert_eq!(err(r#"{"text": "x", "share_ppm": 1, "max_slowdown_ppm": 2}"#).param, "max_slowdown_ppm");
+        assert_eq!(
+            err(r#"{"text": "x", "share_ppm": 1, "max_slowdown_ppm": 2}"#).param,
+            "max_slowdown_ppm"
+        );
         assert_eq!(err(r#"{"text": ""}"#).param, "text");
         assert_eq!(err(r#"{}"#).param, "text");
         assert_eq!(err(r#"{"examples": []}"#).param, "examples");

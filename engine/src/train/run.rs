@@ -162,7 +162,10 @@ impl Run {
         };
         let mut lengths: Vec<f64> = p.window_lengths.iter().copied().collect();
         lengths.sort_by(f64::total_cmp);
-        let pick = |q: f64| (!lengths.is_empty()).then(|| lengths[((lengths.len() - 1) as f64 * q).round() as usize]);
+        let pick = |q: f64| {
+            (!lengths.is_empty())
+                .then(|| lengths[((lengths.len() - 1) as f64 * q).round() as usize])
+        };
         RunStatus {
             state: p.state,
             error: p.error.clone(),
@@ -178,7 +181,8 @@ impl Run {
             epochs: p.epochs.clone(),
             steps: p.steps,
             tokens_trained: p.tokens_trained,
-            train_tokens_per_s: (p.train_window_s > 0.0).then(|| p.tokens_trained as f64 / p.train_window_s),
+            train_tokens_per_s: (p.train_window_s > 0.0)
+                .then(|| p.tokens_trained as f64 / p.train_window_s),
             loss_curve: p.loss_curve.clone(),
             windows: p.windows,
             window_s_p50: pick(0.5),
@@ -317,7 +321,10 @@ fn field(param: &str, message: impl Into<String>) -> StartError {
 
 impl Engine {
     /// Start a training run on the requested (or loaded) model.
-    pub async fn start_training(self: &Arc<Self>, req: TrainRequest) -> std::result::Result<Arc<Run>, StartError> {
+    pub async fn start_training(
+        self: &Arc<Self>,
+        req: TrainRequest,
+    ) -> std::result::Result<Arc<Run>, StartError> {
         if let Some(active) = self.training.current().filter(|r| r.is_active()) {
             return Err(StartError::Busy(active.state()));
         }
@@ -325,14 +332,19 @@ impl Engine {
             Some(m) => m,
             None => return Err(field("model", "no model is loaded; name one")),
         };
-        let model: crate::runtime::ModelRef = model.parse().map_err(|e: crate::runtime::ModelRefError| field("model", e.to_string()))?;
+        let model: crate::runtime::ModelRef = model
+            .parse()
+            .map_err(|e: crate::runtime::ModelRefError| field("model", e.to_string()))?;
         if model.adapter.is_some() {
             return Err(field("model", "train a base model, not an adapter"));
         }
         let info = self.resolve(&model).map_err(|e| field("model", e.to_string()))?;
         let dir = crate::model::lora::adapter_dir(&self.config.models_dir, &info.id, &req.adapter);
         if dir.exists() {
-            return Err(field("adapter", format!("`{}` already exists for `{}`; pick another name", req.adapter, info.id)));
+            return Err(field(
+                "adapter",
+                format!("`{}` already exists for `{}`; pick another name", req.adapter, info.id),
+            ));
         }
         let seq_len = req.seq_len.min(info.context_length);
         let tok = info.tokenizer.clone();
@@ -341,15 +353,29 @@ impl Engine {
         let all = tokio::task::spawn_blocking(move || samples(&tok, &data, seq_len))
             .await
             .map_err(|e| EngineError::Internal(e.to_string()))?
-            .map_err(|e| field(param, match e {
-                EngineError::InvalidRequest(m) => m,
-                other => other.to_string(),
-            }))?;
+            .map_err(|e| {
+                field(
+                    param,
+                    match e {
+                        EngineError::InvalidRequest(m) => m,
+                        other => other.to_string(),
+                    },
+                )
+            })?;
         if all.is_empty() {
             return Err(field("text", "too short: not one chunk of 8 or more tokens"));
         }
         let (train, eval) = split(all, req.eval_fraction, req.seed);
-        let setup = TrainSetup { lora: req.lora, train, eval, epochs: req.epochs, batch_size: req.batch_size, learning_rate: req.learning_rate, weight_decay: req.weight_decay, seed: req.seed };
+        let setup = TrainSetup {
+            lora: req.lora,
+            train,
+            eval,
+            epochs: req.epochs,
+            batch_size: req.batch_size,
+            learning_rate: req.learning_rate,
+            weight_decay: req.weight_decay,
+            seed: req.seed,
+        };
         let run = Arc::new(Run {
             model: info.id.clone(),
             adapter: req.adapter,
@@ -378,17 +404,26 @@ impl Engine {
         self.training.begin_receipt(req.pacing);
         let id = info.id.clone();
         let created = self.on_worker_async(move |w| {
-            let model = w.models.get(&id).ok_or_else(|| EngineError::Internal(format!("model `{id}` is not loaded")))?;
+            let model = w
+                .models
+                .get(&id)
+                .ok_or_else(|| EngineError::Internal(format!("model `{id}` is not loaded")))?;
             w.trainer = Some(Trainer::new(model, setup)?);
             Ok(())
         })?;
-        let created = created.await.map_err(|_| EngineError::Internal("the MLX thread dropped the task".into())).and_then(|r| r);
+        let created = created
+            .await
+            .map_err(|_| EngineError::Internal("the MLX thread dropped the task".into()))
+            .and_then(|r| r);
         drop(lease);
         if let Err(e) = created {
             run.end(RunState::Failed, Some(e.to_string()), self.training.run_ended());
             return Err(e.into());
         }
-        run.update(|s| s.state = if run.paused.load(Ordering::SeqCst) { RunState::Paused } else { RunState::Running });
+        run.update(|s| {
+            s.state =
+                if run.paused.load(Ordering::SeqCst) { RunState::Paused } else { RunState::Running }
+        });
         tokio::spawn(drive(Arc::downgrade(self), run.clone()));
         Ok(run)
     }
@@ -402,7 +437,10 @@ async fn drive(engine: Weak<Engine>, run: Arc<Run>) {
             let saved = save(&e, &run).await;
             (saved, e.training.run_ended())
         }
-        None => (Err(EngineError::Internal("the engine stopped before the adapter was saved".into())), f64::NAN),
+        None => (
+            Err(EngineError::Internal("the engine stopped before the adapter was saved".into())),
+            f64::NAN,
+        ),
     };
     let (state, error) = match (&outcome, &saved) {
         (Err(e), _) | (Ok(_), Err(e)) => (RunState::Failed, Some(e.to_string())),
@@ -428,7 +466,10 @@ async fn windows(engine: &Weak<Engine>, run: &Arc<Run>) -> Result<bool> {
             // measures it (or the probe times out).
             run.update(|s| s.forced_pauses += 1);
             let from = training.now();
-            while training.ledger().pacer.probe_due(training.now()) && training.now() - from < PROBE_PAUSE.as_secs_f64() && !run.cancelled() {
+            while training.ledger().pacer.probe_due(training.now())
+                && training.now() - from < PROBE_PAUSE.as_secs_f64()
+                && !run.cancelled()
+            {
                 run.sleep(Duration::from_millis(100)).await;
             }
             run.update(|s| s.yielded_s += training.now() - from);
@@ -437,12 +478,18 @@ async fn windows(engine: &Weak<Engine>, run: &Arc<Run>) -> Result<bool> {
         // A window never starts on a model that is being unloaded: unloading stops the run
         // first, and a model that is gone has no lease to give.
         let Some(lease) = e.lease_if_resident(&run.model) else {
-            return Err(EngineError::Internal(format!("model `{}` is no longer loaded", run.model)));
+            return Err(EngineError::Internal(format!(
+                "model `{}` is no longer loaded",
+                run.model
+            )));
         };
         let (r, t, k) = (run.clone(), training.clone(), run.window_batches);
         let rx = e.on_worker_async(move |w| {
             let (Some(model), Some(trainer)) = (w.models.get(&r.model), w.trainer.as_mut()) else {
-                return Err(EngineError::Internal(format!("model `{}` is no longer loaded", r.model)));
+                return Err(EngineError::Internal(format!(
+                    "model `{}` is no longer loaded",
+                    r.model
+                )));
             };
             let start = t.window_started();
             let report = trainer.work(model, k, &|| r.cancelled());
@@ -450,7 +497,9 @@ async fn windows(engine: &Weak<Engine>, run: &Arc<Run>) -> Result<bool> {
             Ok((report?, (start, end)))
         })?;
         drop(e);
-        let (report, span) = rx.await.map_err(|_| EngineError::Internal("the MLX thread dropped a window".into()))??;
+        let (report, span) = rx
+            .await
+            .map_err(|_| EngineError::Internal("the MLX thread dropped a window".into()))??;
         drop(lease);
         run.record(&report, span);
         let window_s = span.1 - span.0;
@@ -466,7 +515,8 @@ async fn windows(engine: &Weak<Engine>, run: &Arc<Run>) -> Result<bool> {
 /// Save the adapter (if it took a step) and free the trainer; `Ok(true)` when written.
 async fn save(e: &Arc<Engine>, run: &Arc<Run>) -> Result<bool> {
     let steps = run.progress.locked().steps;
-    let (dir, meta) = (run.dir.clone(), serde_json::json!({"base_model": run.model, "steps": steps}));
+    let (dir, meta) =
+        (run.dir.clone(), serde_json::json!({"base_model": run.model, "steps": steps}));
     let training = e.training.clone();
     let rx = e.on_worker_async(move |w| {
         let Some(trainer) = w.trainer.take() else { return Ok(false) };

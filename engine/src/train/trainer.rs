@@ -4,15 +4,15 @@
 
 use std::rc::Rc;
 
-use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::builder::Builder;
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::optimizers::{AdamW, AdamWBuilder, Optimizer};
 use mlx_rs::transforms::{eval, value_and_grad_with_argnums};
 use mlx_rs::{Array, Dtype};
 
 use super::data::{shuffle, Sample};
-use crate::model::lora::{Lora, LoraSpec, ProjectionDims, Target};
 use crate::error::{EngineError, Result};
+use crate::model::lora::{Lora, LoraSpec, ProjectionDims, Target};
 use crate::model::{Architecture, LoadedModel};
 
 /// What a run trains and how.
@@ -68,9 +68,23 @@ impl Trainer {
         let slots = setup.lora.slots(&dims)?;
         let params = Lora::init_params(&setup.lora, &dims, &slots, setup.seed)?;
         let keys = (0..params.len()).map(|i| Rc::from(format!("p{i}"))).collect();
-        let opt = AdamWBuilder::new(setup.learning_rate).weight_decay(setup.weight_decay).build().map_err(|e| EngineError::Internal(format!("{e:?}")))?;
+        let opt = AdamWBuilder::new(setup.learning_rate)
+            .weight_decay(setup.weight_decay)
+            .build()
+            .map_err(|e| EngineError::Internal(format!("{e:?}")))?;
         let order = (0..setup.train.len()).collect();
-        Ok(Trainer { model: model.id.clone(), dims, slots, params, keys, opt, order, phase: Phase::Eval { epoch: 0, at: 0 }, sums: (0.0, 0), setup })
+        Ok(Trainer {
+            model: model.id.clone(),
+            dims,
+            slots,
+            params,
+            keys,
+            opt,
+            order,
+            phase: Phase::Eval { epoch: 0, at: 0 },
+            sums: (0.0, 0),
+            setup,
+        })
     }
 
     pub fn finished(&self) -> bool {
@@ -78,7 +92,12 @@ impl Trainer {
     }
 
     /// Up to `batches` batches of whatever comes next (training or eval).
-    pub fn work(&mut self, model: &LoadedModel, batches: usize, cancel: &dyn Fn() -> bool) -> Result<WorkReport> {
+    pub fn work(
+        &mut self,
+        model: &LoadedModel,
+        batches: usize,
+        cancel: &dyn Fn() -> bool,
+    ) -> Result<WorkReport> {
         let mut report = WorkReport::default();
         let bs = self.setup.batch_size;
         for _ in 0..batches {
@@ -95,10 +114,15 @@ impl Trainer {
                         self.sums = (self.sums.0 + loss as f64 * n as f64, self.sums.1 + n);
                     }
                     if end >= self.setup.eval.len() {
-                        let mean = (self.sums.1 > 0).then(|| (self.sums.0 / self.sums.1 as f64) as f32);
+                        let mean =
+                            (self.sums.1 > 0).then(|| (self.sums.0 / self.sums.1 as f64) as f32);
                         report.eval = Some((epoch, mean));
                         self.sums = (0.0, 0);
-                        self.phase = if epoch >= self.setup.epochs { Phase::Done } else { self.start_epoch(epoch + 1) };
+                        self.phase = if epoch >= self.setup.epochs {
+                            Phase::Done
+                        } else {
+                            self.start_epoch(epoch + 1)
+                        };
                         // One eval per window: its result is reported before more work starts.
                         break;
                     }
@@ -106,13 +130,15 @@ impl Trainer {
                 }
                 Phase::Train { epoch, at } => {
                     let end = (at + bs).min(self.order.len());
-                    let batch: Vec<&Sample> = self.order[at..end].iter().map(|&i| &self.setup.train[i]).collect();
+                    let batch: Vec<&Sample> =
+                        self.order[at..end].iter().map(|&i| &self.setup.train[i]).collect();
                     let arrays = batch_arrays(&batch)?;
                     let (loss, n) = self.train_batch(model.net.as_ref(), arrays)?;
                     report.batches.push((loss, n));
                     self.sums = (self.sums.0 + loss as f64 * n as f64, self.sums.1 + n);
                     if end >= self.order.len() {
-                        report.epoch_trained = Some((epoch, (self.sums.0 / self.sums.1.max(1) as f64) as f32));
+                        report.epoch_trained =
+                            Some((epoch, (self.sums.0 / self.sums.1.max(1) as f64) as f32));
                         self.sums = (0.0, 0);
                         self.phase = Phase::Eval { epoch, at: 0 };
                     } else {
@@ -130,12 +156,19 @@ impl Trainer {
         Phase::Train { epoch, at: 0 }
     }
 
-    fn train_batch(&mut self, net: &dyn Architecture, (inputs, targets, mask, n): BatchArrays) -> Result<(f32, usize)> {
+    fn train_batch(
+        &mut self,
+        net: &dyn Architecture,
+        (inputs, targets, mask, n): BatchArrays,
+    ) -> Result<(f32, usize)> {
         let (spec, dims, slots) = (&self.setup.lora, &self.dims, &self.slots);
-        let loss_fn = |params: &[Array]| -> std::result::Result<Vec<Array>, mlx_rs::error::Exception> {
-            let lora = Lora::from_params(spec, dims, slots, params);
-            masked_loss(net, Some(&lora), &inputs, &targets, &mask).map(|l| vec![l]).map_err(|e| mlx_rs::error::Exception::custom(e.to_string()))
-        };
+        let loss_fn =
+            |params: &[Array]| -> std::result::Result<Vec<Array>, mlx_rs::error::Exception> {
+                let lora = Lora::from_params(spec, dims, slots, params);
+                masked_loss(net, Some(&lora), &inputs, &targets, &mask)
+                    .map(|l| vec![l])
+                    .map_err(|e| mlx_rs::error::Exception::custom(e.to_string()))
+            };
         let argnums: Vec<i32> = (0..self.params.len() as i32).collect();
         let mut step = value_and_grad_with_argnums(loss_fn, &argnums[..]);
         let (values, grads) = step(&self.params)?;
@@ -167,7 +200,9 @@ type BatchArrays = (Array, Array, Array, usize);
 fn batch_arrays(batch: &[&Sample]) -> Result<BatchArrays> {
     let len = batch.iter().map(|s| s.tokens.len()).max().unwrap_or(0);
     if len < 2 {
-        return Err(EngineError::InvalidRequest("a training sample needs at least two tokens".into()));
+        return Err(EngineError::InvalidRequest(
+            "a training sample needs at least two tokens".into(),
+        ));
     }
     let (b, l) = (batch.len(), len - 1);
     let mut inputs = vec![0i32; b * l];
@@ -185,11 +220,22 @@ fn batch_arrays(batch: &[&Sample]) -> Result<BatchArrays> {
         }
     }
     let shape = [b as i32, l as i32];
-    Ok((Array::from_slice(&inputs, &shape), Array::from_slice(&targets, &shape), Array::from_slice(&mask, &shape), n))
+    Ok((
+        Array::from_slice(&inputs, &shape),
+        Array::from_slice(&targets, &shape),
+        Array::from_slice(&mask, &shape),
+        n,
+    ))
 }
 
 /// Mean cross-entropy over the masked targets: logsumexp(logits) − logit of the target.
-pub fn masked_loss(net: &dyn Architecture, lora: Option<&Lora>, inputs: &Array, targets: &Array, mask: &Array) -> Result<Array> {
+pub fn masked_loss(
+    net: &dyn Architecture,
+    lora: Option<&Lora>,
+    inputs: &Array,
+    targets: &Array,
+    mask: &Array,
+) -> Result<Array> {
     let mut caches = net.new_caches();
     let h = net.hidden_with(inputs, &mut caches, lora)?;
     let logits = net.graph_logits(&h)?.as_dtype(Dtype::Float32)?;

@@ -36,18 +36,29 @@ fn etag(file: &str) -> String {
     format!("\"etag-{file}\"")
 }
 
-async fn listing(State(hub): State<Arc<Hub>>, UrlPath((org, name, _rev)): UrlPath<(String, String, String)>) -> Response {
+async fn listing(
+    State(hub): State<Arc<Hub>>,
+    UrlPath((org, name, _rev)): UrlPath<(String, String, String)>,
+) -> Response {
     if format!("{org}/{name}") != REPO {
-        return (StatusCode::NOT_FOUND, Json(json!({"error": "Repository not found"}))).into_response();
+        return (StatusCode::NOT_FOUND, Json(json!({"error": "Repository not found"})))
+            .into_response();
     }
-    let mut siblings: Vec<_> = hub.files.iter().map(|(f, b)| json!({"rfilename": f, "size": b.len()})).collect();
+    let mut siblings: Vec<_> =
+        hub.files.iter().map(|(f, b)| json!({"rfilename": f, "size": b.len()})).collect();
     siblings.push(json!({"rfilename": "README.md", "size": 5}));
     Json(json!({"id": REPO, "sha": SHA, "siblings": siblings})).into_response()
 }
 
-async fn resolve(State(hub): State<Arc<Hub>>, UrlPath((org, name, rev, file)): UrlPath<(String, String, String, String)>, headers: HeaderMap) -> Response {
+async fn resolve(
+    State(hub): State<Arc<Hub>>,
+    UrlPath((org, name, rev, file)): UrlPath<(String, String, String, String)>,
+    headers: HeaderMap,
+) -> Response {
     hub.requests.fetch_add(1, Ordering::Relaxed);
-    let Some(bytes) = hub.files.get(&file).filter(|_| format!("{org}/{name}") == REPO && rev == SHA) else {
+    let Some(bytes) =
+        hub.files.get(&file).filter(|_| format!("{org}/{name}") == REPO && rev == SHA)
+    else {
         return StatusCode::NOT_FOUND.into_response();
     };
     let tag = etag(&file);
@@ -55,7 +66,8 @@ async fn resolve(State(hub): State<Arc<Hub>>, UrlPath((org, name, rev, file)): U
     let mut status = StatusCode::OK;
     if let Some(range) = headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
         hub.ranges.lock().unwrap().push(format!("{file} {range}"));
-        let if_range_ok = headers.get(header::IF_RANGE).and_then(|v| v.to_str().ok()) == Some(tag.as_str());
+        let if_range_ok =
+            headers.get(header::IF_RANGE).and_then(|v| v.to_str().ok()) == Some(tag.as_str());
         if if_range_ok {
             start = range.trim_start_matches("bytes=").trim_end_matches('-').parse().unwrap();
             status = StatusCode::PARTIAL_CONTENT;
@@ -73,15 +85,25 @@ async fn resolve(State(hub): State<Arc<Hub>>, UrlPath((org, name, rev, file)): U
     // Flush what was sent before a cut, as a real connection dropping mid-body would have.
     let slow = if cut.is_some() { slow.max(2) } else { slow };
     let stream = async_stream(body, cut, slow);
-    let mut r = Response::builder().status(status).header(header::ETAG, tag).header(header::CONTENT_LENGTH, len);
+    let mut r = Response::builder()
+        .status(status)
+        .header(header::ETAG, tag)
+        .header(header::CONTENT_LENGTH, len);
     if status == StatusCode::PARTIAL_CONTENT {
-        r = r.header(header::CONTENT_RANGE, format!("bytes {start}-{}/{}", bytes.len() - 1, bytes.len()));
+        r = r.header(
+            header::CONTENT_RANGE,
+            format!("bytes {start}-{}/{}", bytes.len() - 1, bytes.len()),
+        );
     }
     r.body(Body::from_stream(stream)).unwrap()
 }
 
 /// The body in 16 KiB chunks; with `cut`, an error after that many bytes drops the connection.
-fn async_stream(body: Vec<u8>, cut: Option<usize>, slow_ms: u64) -> impl futures_util::Stream<Item = Result<Vec<u8>, std::io::Error>> {
+fn async_stream(
+    body: Vec<u8>,
+    cut: Option<usize>,
+    slow_ms: u64,
+) -> impl futures_util::Stream<Item = Result<Vec<u8>, std::io::Error>> {
     let chunks: Vec<Vec<u8>> = body.chunks(16 << 10).map(|c| c.to_vec()).collect();
     futures_util::stream::unfold((chunks.into_iter(), 0usize), move |(mut it, sent)| async move {
         if slow_ms > 0 {
@@ -114,4 +136,3 @@ pub async fn hub() -> (Arc<Hub>, String) {
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     (hub, url)
 }
-

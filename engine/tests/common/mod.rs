@@ -8,7 +8,17 @@ use std::path::PathBuf;
 use mlx_rs::Array;
 use perch_engine::{load_model, LoadedModel};
 
-pub const FIXTURES: &[&str] = &["llama", "qwen2", "qwen3", "llama-bf16", "qwen2-f16", "qwen3-4bit", "llama-8bit", "gemma3", MTP_FIXTURE];
+pub const FIXTURES: &[&str] = &[
+    "llama",
+    "qwen2",
+    "qwen3",
+    "llama-bf16",
+    "qwen2-f16",
+    "qwen3-4bit",
+    "llama-8bit",
+    "gemma3",
+    MTP_FIXTURE,
+];
 
 /// The trained fixture with an MTP head (scripts/make-mtp-fixture.py); its goldens come from
 /// the training script, not mlx-lm, which does not load MTP weights.
@@ -55,18 +65,26 @@ pub fn golden(name: &str) -> Golden {
     let dir = fixture_dir(name);
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
-    let ids = |k: &str| json[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect::<Vec<_>>();
+    let ids = |k: &str| {
+        json[k].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect::<Vec<_>>()
+    };
     let arrays = Array::load_safetensors(dir.join("golden.safetensors")).unwrap();
     let logits = &arrays["logits"];
     let vocab = logits.shape()[1] as usize;
-    Golden { prompt_ids: ids("prompt_ids"), greedy_tokens: ids("greedy_tokens"), logits: logits.as_slice::<f32>().to_vec(), vocab }
+    Golden {
+        prompt_ids: ids("prompt_ids"),
+        greedy_tokens: ids("greedy_tokens"),
+        logits: logits.as_slice::<f32>().to_vec(),
+        vocab,
+    }
 }
 
 /// Logits of every prompt position from one forward pass, as [L * V] f32.
 pub fn forward_logits(model: &LoadedModel, ids: &[u32]) -> Vec<f32> {
     let mut caches = model.net.new_caches();
     let tokens = Array::from_slice(ids, &[1, ids.len() as i32]);
-    let logits = model.net.forward(&tokens, &mut caches).unwrap().as_dtype(mlx_rs::Dtype::Float32).unwrap();
+    let logits =
+        model.net.forward(&tokens, &mut caches).unwrap().as_dtype(mlx_rs::Dtype::Float32).unwrap();
     logits.eval().unwrap();
     logits.as_slice::<f32>().to_vec()
 }
@@ -80,9 +98,9 @@ pub fn relative_error(a: &[f32], b: &[f32]) -> f32 {
 
 /// Where scripts/fetch-gemma-gguf puts the default model's GGUF (or `$PERCH_GEMMA_GGUF`).
 pub fn gemma_gguf_path() -> PathBuf {
-    std::env::var_os("PERCH_GEMMA_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.deps/gemma/gemma-3-270m-q4_k_m.gguf"))
+    std::env::var_os("PERCH_GEMMA_GGUF").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.deps/gemma/gemma-3-270m-q4_k_m.gguf")
+    })
 }
 
 /// The default model's GGUF, or `None` with a notice; CI must have it.
@@ -91,17 +109,29 @@ pub fn gemma_gguf() -> Option<PathBuf> {
     if gguf.exists() {
         return Some(gguf);
     }
-    assert!(std::env::var_os("CI").is_none(), "CI must fetch the Gemma GGUF (scripts/fetch-gemma-gguf)");
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI must fetch the Gemma GGUF (scripts/fetch-gemma-gguf)"
+    );
     eprintln!("SKIPPED: Gemma GGUF missing (run scripts/fetch-gemma-gguf)");
     None
 }
 
 /// The default model's GGUF imported dequantized into `dir` (f32 storage is what
 /// `scripts/setup-default-model` installs on Linux), computing in f32.
-pub fn import_gemma(gguf: &std::path::Path, dir: &std::path::Path, dtype: perch_engine::gguf::import::StoreDtype) -> LoadedModel {
+pub fn import_gemma(
+    gguf: &std::path::Path,
+    dir: &std::path::Path,
+    dtype: perch_engine::gguf::import::StoreDtype,
+) -> LoadedModel {
     use perch_engine::gguf::import::{import, ImportOptions, Quantize};
     std::env::set_var("PERCH_DTYPE", "f32");
-    let opts = ImportOptions { name: Some("gemma-3-270m".into()), quantize: Quantize::None, dtype, overwrite: true };
+    let opts = ImportOptions {
+        name: Some("gemma-3-270m".into()),
+        quantize: Quantize::None,
+        dtype,
+        overwrite: true,
+    };
     load_model(&import(gguf, dir, &opts).unwrap()).unwrap()
 }
 
@@ -127,12 +157,20 @@ pub fn greedy_departures(model: &LoadedModel, prompt: &[u32], reference: &[u32])
     while from < reference.len() {
         let mut context = prompt.to_vec();
         context.extend_from_slice(&reference[..from]);
-        let p = GenerateParams { max_tokens: reference.len() - from, ignore_eos: true, ..Default::default() };
+        let p = GenerateParams {
+            max_tokens: reference.len() - from,
+            ignore_eos: true,
+            ..Default::default()
+        };
         let ours = generate(model, &context, &p, None, |_| {}).unwrap().tokens;
         match ours.iter().zip(&reference[from..]).position(|(a, b)| a != b) {
             None => break,
             Some(k) => {
-                departures.push(Departure { at: from + k, ours: ours[k], theirs: reference[from + k] });
+                departures.push(Departure {
+                    at: from + k,
+                    ours: ours[k],
+                    theirs: reference[from + k],
+                });
                 from += k + 1;
             }
         }
