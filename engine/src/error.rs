@@ -13,7 +13,7 @@ pub enum EngineError {
     ModelNotFound(String),
 
     #[error("{0}")]
-    InvalidModel(#[from] crate::runtime::ModelRefError),
+    InvalidModel(#[from] ModelRefError),
 
     #[error("{file}: {msg}")]
     Config { file: PathBuf, msg: String },
@@ -52,4 +52,17 @@ impl EngineError {
         let path = path.into();
         move |source| EngineError::Io { path, source }
     }
+}
+
+/// Why a `model` field is no usable model reference (`runtime::ModelRef`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModelRefError {
+    #[error("`model` is empty")]
+    Empty,
+    #[error("`model` is {len} bytes long; model ids are at most {max}")]
+    TooLong { len: usize, max: usize },
+    #[error("`model` names more than one adapter; adapters do not stack (use `model+adapter`)")]
+    Stacked,
+    #[error("`model` has an empty model or adapter name around `+`")]
+    EmptyPart,
 }

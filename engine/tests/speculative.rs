@@ -160,7 +160,7 @@ fn the_mtp_head_matches_its_reference_logits() {
     let l = ids.len() as i32;
     let mut caches = model.net.new_caches();
     let hidden = model.net.hidden(&Array::from_slice(ids, &[1, l]), &mut caches).unwrap();
-    let mut cache = perch_engine::decode::kv_cache::KvCache::new();
+    let mut cache = perch_engine::model::kv_cache::KvCache::new();
     let head = model.mtp.as_ref().expect("the MTP fixture has an MTP head");
     let m = head
         .forward(

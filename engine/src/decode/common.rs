@@ -10,9 +10,9 @@ use mlx_rs::transforms::eval;
 use mlx_rs::Array;
 use serde::{Deserialize, Serialize};
 
-use super::kv_cache::{KvCache, SLIDING_SLACK};
 use super::sampler::{Sampler, SamplingParams};
 use crate::error::{EngineError, Result};
+use crate::model::kv_cache::{KvCache, SLIDING_SLACK};
 use crate::model::LoadedModel;
 use crate::tokenizer::StreamDecoder;
 
@@ -247,7 +247,7 @@ pub(crate) struct Begin {
     pub max_tokens: usize,
     pub start: Instant,
     pub sampler: Sampler,
-    pub caches: Vec<crate::decode::kv_cache::KvCache>,
+    pub caches: Vec<crate::model::kv_cache::KvCache>,
 }
 
 pub(crate) fn begin(req: &Request<'_>) -> Result<Begin> {

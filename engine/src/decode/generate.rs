@@ -11,8 +11,8 @@ use super::common::{
     begin, cancelled_early, host_u32, prefill, token_array, Begin, DraftMode, GenerateParams,
     Generation, Output, Request, TokenLogprob,
 };
-use super::kv_cache::KvCache;
 use crate::error::Result;
+use crate::model::kv_cache::KvCache;
 use crate::model::LoadedModel;
 
 /// Plain decoding, with the next step queued (async_eval) while the host reads the current

@@ -1,13 +1,12 @@
 //! Decoding: from a prompt's token ids to generated tokens. `common` holds what the loops
 //! share; `generate` dispatches to plain pipelined decoding, `guided` (per-step host work:
-//! logprobs, JSON mode) or `speculative` (drafts verified in one pass); `sampler` and
-//! `kv_cache` are their parts.
+//! logprobs, JSON mode) or `speculative` (drafts verified in one pass); `sampler` is theirs.
+//! The KV cache is the model's state and lives in `model::kv_cache`.
 
 pub mod common;
 pub mod generate;
 pub mod guided;
 pub mod json_prefix;
-pub mod kv_cache;
 pub mod sampler;
 pub mod speculative;
 

@@ -21,9 +21,9 @@ use super::common::{
     begin, cancelled_early, token_array, Begin, DraftMode, DraftStats, Generation, Output, Request,
     TokenLogprob,
 };
-use super::kv_cache::KvCache;
 use super::sampler::Sampler;
 use crate::error::{EngineError, Result};
+use crate::model::kv_cache::KvCache;
 use crate::model::mtp::MtpHead;
 use crate::model::LoadedModel;
 

@@ -78,14 +78,15 @@ pub fn convert(g: &GgufFile) -> Result<ConvertedTokenizer> {
         })
         .collect();
 
-    let (normalizer, pre_tokenizer, model_json, decoder) =
-        match model {
-            "llama" => spm(g, &tokens, &types)?,
-            "gpt2" => byte_level_bpe(g, &tokens)?,
-            other => return Err(bad(format!(
+    let (normalizer, pre_tokenizer, model_json, decoder) = match model {
+        "llama" => spm(g, &tokens, &types)?,
+        "gpt2" => byte_level_bpe(g, &tokens)?,
+        other => {
+            return Err(bad(format!(
                 "tokenizer model `{other}` is not supported (llama/SentencePiece and gpt2/BPE are)"
-            ))),
-        };
+            )))
+        }
+    };
     let mut single = vec![];
     if add_bos {
         single.push(

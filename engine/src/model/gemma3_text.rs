@@ -8,8 +8,8 @@ use mlx_rs::Array;
 use super::layers::{Attention, AttentionShape, Embedding, Mlp, RmsNorm, Rope, HOST_HEAD_MAX_ROWS};
 use super::weights::Weights;
 use super::{Architecture, ModelConfig};
-use crate::decode::kv_cache::KvCache;
 use crate::error::Result;
+use crate::model::kv_cache::KvCache;
 use crate::model::lora::{layer_of, LayerLora, Lora, ProjectionDims};
 
 struct Block {

@@ -7,8 +7,8 @@ use mlx_rs::{Array, Dtype};
 
 use super::weights::Weights;
 use super::ModelConfig;
-use crate::decode::kv_cache::{AttentionMask, KvCache};
 use crate::error::{EngineError, Result};
+use crate::model::kv_cache::{AttentionMask, KvCache};
 use crate::model::lora::{layer_of, LayerLora, Lora, ProjectionDims, Target};
 
 /// MLX affine quantization parameters of one layer.

@@ -4,6 +4,7 @@
 
 pub mod gemma3_text;
 pub mod host_head;
+pub mod kv_cache;
 pub mod layers;
 pub mod llama;
 pub mod lora;
@@ -18,8 +19,8 @@ use std::path::{Path, PathBuf};
 use mlx_rs::{Array, Dtype};
 use serde_json::Value;
 
-use crate::decode::kv_cache::KvCache;
 use crate::error::{EngineError, Result};
+use crate::model::kv_cache::KvCache;
 use crate::model::lora::{Lora, ProjectionDims};
 use crate::tokenizer::Tokenizer;
 use layers::QuantSpec;

@@ -23,8 +23,8 @@ use mlx_rs::Array;
 use super::layers::{Linear, PreNormBlock, RmsNorm, StackShape};
 use super::weights::Weights;
 use super::{Architecture, ModelConfig};
-use crate::decode::kv_cache::KvCache;
 use crate::error::Result;
+use crate::model::kv_cache::KvCache;
 
 pub struct MtpHead {
     embed_norm: RmsNorm,

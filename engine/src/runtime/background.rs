@@ -14,9 +14,9 @@ use super::engine::{Engine, Worker};
 use super::ladder::RungWork;
 use super::warmup::WarmupWork;
 use crate::decode::common::token_array;
-use crate::decode::kv_cache::KvCache;
 use crate::decode::{generate, DraftMode, GenerateParams};
 use crate::error::{EngineError, Result};
+use crate::model::kv_cache::KvCache;
 
 /// A ladder rung in progress: its caches live on the MLX thread between chunks.
 pub(crate) struct Scratch {

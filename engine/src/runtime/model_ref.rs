@@ -4,6 +4,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+pub use crate::error::ModelRefError;
+
 /// Longest model reference accepted. Installed ids are directory names (and Hugging Face repo
 /// ids, `org/name`, at most 96 characters on the hub); adapter names are at most 64.
 pub const MAX_LEN: usize = 256;
@@ -12,18 +14,6 @@ pub const MAX_LEN: usize = 256;
 pub struct ModelRef {
     pub base: String,
     pub adapter: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ModelRefError {
-    #[error("`model` is empty")]
-    Empty,
-    #[error("`model` is {0} bytes long; model ids are at most {MAX_LEN}")]
-    TooLong(usize),
-    #[error("`model` names more than one adapter; adapters do not stack (use `model+adapter`)")]
-    Stacked,
-    #[error("`model` has an empty model or adapter name around `+`")]
-    EmptyPart,
 }
 
 impl ModelRef {
@@ -40,7 +30,7 @@ impl FromStr for ModelRef {
             return Err(ModelRefError::Empty);
         }
         if s.len() > MAX_LEN {
-            return Err(ModelRefError::TooLong(s.len()));
+            return Err(ModelRefError::TooLong { len: s.len(), max: MAX_LEN });
         }
         let Some((base, adapter)) = s.split_once('+') else {
             return Ok(ModelRef::base(s));
@@ -84,7 +74,10 @@ mod tests {
         assert_eq!("+b".parse::<ModelRef>(), Err(ModelRefError::EmptyPart));
         // The id that overflowed the stack once per `+`: refused by length, in one step.
         let plus = "+".repeat(300_000);
-        assert_eq!(plus.parse::<ModelRef>(), Err(ModelRefError::TooLong(300_000)));
+        assert_eq!(
+            plus.parse::<ModelRef>(),
+            Err(ModelRefError::TooLong { len: 300_000, max: MAX_LEN })
+        );
         assert_eq!("+".repeat(MAX_LEN).parse::<ModelRef>(), Err(ModelRefError::Stacked));
     }
 }

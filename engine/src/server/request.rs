@@ -252,34 +252,35 @@ pub fn parse_with(
         // Legacy completions: `logprobs` is the number of alternatives (0 to 5).
         Endpoint::Completion => b.integer("logprobs", 0, 5)?.map(|n| n as usize),
     };
-    let json_mode =
-        match b.get("response_format") {
-            None => false,
-            Some(Value::Object(o)) => match o.get("type").and_then(|t| t.as_str()) {
-                Some("text") => false,
-                Some("json_object") => true,
-                Some(other) => return Err(ApiError::invalid(
+    let json_mode = match b.get("response_format") {
+        None => false,
+        Some(Value::Object(o)) => match o.get("type").and_then(|t| t.as_str()) {
+            Some("text") => false,
+            Some("json_object") => true,
+            Some(other) => {
+                return Err(ApiError::invalid(
                     "response_format",
                     format!(
                         "`response_format.type` `{other}` is not supported (text, json_object are)"
                     ),
                 )
-                .code("unsupported_value")),
-                None => {
-                    return Err(ApiError::invalid(
-                        "response_format",
-                        "`response_format` needs a `type`",
-                    ))
-                }
-            },
-            Some(v) => {
+                .code("unsupported_value"))
+            }
+            None => {
                 return Err(ApiError::invalid(
                     "response_format",
-                    format!("`response_format` must be an object; got {}", kind(v)),
-                )
-                .code("invalid_type"))
+                    "`response_format` needs a `type`",
+                ))
             }
-        };
+        },
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "response_format",
+                format!("`response_format` must be an object; got {}", kind(v)),
+            )
+            .code("invalid_type"))
+        }
+    };
     if endpoint == Endpoint::Completion {
         for unsupported in ["suffix", "best_of"] {
             if b.get(unsupported).is_some() {
