@@ -8,6 +8,7 @@ use crate::error::Result;
 use crate::model::LoadedModel;
 use crate::platform::peak_rss_bytes;
 pub use crate::runtime::warmup::{prompt_of_length, PASSAGE};
+use crate::runtime::{Arrival, DraftChoice, Prompt, Turn};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
@@ -171,12 +172,6 @@ pub async fn first_request(
     use crate::runtime::{Engine, LadderConfig, LadderState};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
-    let params = GenerateParams {
-        max_tokens,
-        ignore_eos: true,
-        draft: DraftMode::None,
-        ..Default::default()
-    };
     let start = |ladder: LadderConfig| -> Result<Arc<Engine>> {
         let engine = Arc::new(Engine::start(crate::runtime::EngineConfig {
             ladder,
@@ -209,7 +204,8 @@ pub async fn first_request(
         let prompt: Vec<u32> = unit.iter().copied().cycle().take(prompt_tokens).collect();
         let t0 = Instant::now();
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let (_, ttft) = engine.user_request(&info.id, prompt.clone(), params.clone()).await?;
+        let ttft =
+            Arrival::now(&engine).run(fixed(&info.id, prompt.clone(), max_tokens)?).await?.ttft;
         if ladder_on {
             report.ttft_ladder_on_s = ttft.as_secs_f64();
             loop {
@@ -226,26 +222,28 @@ pub async fn first_request(
             // One chunk: a prefill of one chunk's tokens from an empty cache on the warm engine
             // (chunks deep in a long rung attend to more keys and take somewhat longer).
             let chunk_prompt: Vec<u32> = unit.iter().copied().cycle().take(on_cfg.chunk).collect();
-            let (g, _) = engine
-                .user_request(
-                    &info.id,
-                    chunk_prompt,
-                    GenerateParams { max_tokens: 1, ..params.clone() },
-                )
-                .await?;
+            let g = Arrival::now(&engine).run(fixed(&info.id, chunk_prompt, 1)?).await?.generation;
             report.warming_chunk_s = g.ttft.as_secs_f64();
-            report.decode_warm_tok_s =
-                first_three_decode_rate(&engine, &info.id, &prompt, &params).await?;
+            report.decode_warm_tok_s = first_three_decode_rate(&engine, &info.id, &prompt).await?;
         } else {
             report.ttft_ladder_off_s = ttft.as_secs_f64();
             // A separate cold engine for the cold decode figure (the first request above
             // already warmed this one a little).
             let cold = tokio::task::block_in_place(|| start(off_cfg.clone()))?;
-            report.decode_cold_tok_s =
-                first_three_decode_rate(&cold, &info.id, &prompt, &params).await?;
+            report.decode_cold_tok_s = first_three_decode_rate(&cold, &info.id, &prompt).await?;
         }
     }
     Ok(report)
+}
+
+/// A turn of exactly `max_tokens` greedy tokens after `prompt`, without drafts.
+fn fixed(id: &str, prompt: Vec<u32>, max_tokens: usize) -> Result<Turn> {
+    Ok(Turn {
+        max_tokens: Some(max_tokens),
+        draft: DraftChoice::Off,
+        ignore_eos: true,
+        ..Turn::new(id.parse()?, Prompt::Tokens(prompt))
+    })
 }
 
 /// Mean decode tok/s of three 32-token requests (prompts differing in their last token).
@@ -253,17 +251,13 @@ async fn first_three_decode_rate(
     engine: &std::sync::Arc<crate::runtime::Engine>,
     id: &str,
     prompt: &[u32],
-    params: &GenerateParams,
 ) -> Result<f64> {
     let mut sum = 0.0;
     for i in 0..3u32 {
         let mut p = prompt.to_vec();
         p.push(prompt[i as usize % prompt.len()]);
-        sum += engine
-            .user_request(id, p, GenerateParams { max_tokens: 32, ..params.clone() })
-            .await?
-            .0
-            .decode_tokens_per_sec();
+        sum +=
+            Arrival::now(engine).run(fixed(id, p, 32)?).await?.generation.decode_tokens_per_sec();
     }
     Ok(sum / 3.0)
 }

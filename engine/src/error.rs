@@ -39,6 +39,22 @@ pub enum EngineError {
     #[error("invalid request: {0}")]
     InvalidRequest(String),
 
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+
+    #[error("This model's maximum context length is {context_length} tokens. However, your prompt has {prompt_tokens} tokens.")]
+    ContextOverflow { context_length: usize, prompt_tokens: usize },
+
+    #[error("token id {token} is outside the model's vocabulary (0 to {})", vocab - 1)]
+    TokenOutOfVocabulary { token: u32, vocab: usize },
+
+    /// The gate's queue is full: `0` requests may wait (a policy that never queues) or that many do.
+    #[error("The engine is busy: {0} requests are already waiting. Retry shortly.")]
+    Busy(usize),
+
+    #[error("preparing the prompt (chat template, tokenizer) took longer than {0} s")]
+    PrepareDeadline(u64),
+
     /// A broken invariant inside the engine (a bug, not bad input).
     #[error("internal error: {0}")]
     Internal(String),

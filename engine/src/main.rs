@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 use perch_engine::model;
 use perch_engine::paths::{models_dir, DEFAULT_MODEL_ID};
 use perch_engine::tokenizer::ChatMessage;
-use perch_engine::{bench, generate, GenerateParams, SamplingParams};
+use perch_engine::{bench, SamplingParams};
 
 #[derive(Parser)]
 #[command(name = "perch", version, about = "Run local language models on MLX")]
@@ -178,11 +178,14 @@ fn main() -> ExitCode {
     }
 }
 
+/// A model that is not installed, and how to install one.
+fn not_installed(e: perch_engine::EngineError, dir: &std::path::Path) -> anyhow::Error {
+    anyhow::anyhow!("{e}\n  models directory: {}\n  run `scripts/setup` to install the default model, or pass --model PATH", dir.display())
+}
+
 fn load(spec: Option<String>, dir: &std::path::Path) -> anyhow::Result<perch_engine::LoadedModel> {
     let spec = spec.unwrap_or_else(|| DEFAULT_MODEL_ID.to_string());
-    let path = model::resolve(&spec, dir).map_err(|e| {
-        anyhow::anyhow!("{e}\n  models directory: {}\n  run `scripts/setup` to install the default model, or pass --model PATH", dir.display())
-    })?;
+    let path = model::resolve(&spec, dir).map_err(|e| not_installed(e, dir))?;
     Ok(model::load_model(&path)?)
 }
 
@@ -204,13 +207,27 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             verbose,
             prompt,
         } => {
-            let model = load(model, &dir)?;
-            let ids = if !raw && model.tokenizer.has_chat_template() {
-                model
-                    .tokenizer
-                    .encode_chat(&[ChatMessage { role: "user".into(), content: prompt }])?
+            use perch_engine::runtime::{
+                Arrival, Engine, EngineConfig, KeepAlive, LadderConfig, Prompt, Turn, TurnEvent,
+            };
+            let spec = model.unwrap_or_else(|| DEFAULT_MODEL_ID.to_string());
+            model::resolve(&spec, &dir).map_err(|e| not_installed(e, &dir))?;
+            // The same turn a server runs, on an engine of one model without background work.
+            let config = EngineConfig {
+                models_dir: dir.clone(),
+                model: spec,
+                draft,
+                keep_alive: KeepAlive::Forever,
+                load_warmup: false,
+                ladder: LadderConfig { enabled: false, ..Default::default() },
+                ..Default::default()
+            };
+            let engine = std::sync::Arc::new(Engine::start(config)?);
+            let info = engine.loaded().ok_or_else(|| anyhow::anyhow!("no model loaded"))?;
+            let prompt = if !raw && info.tokenizer.has_chat_template() {
+                Prompt::Messages(vec![ChatMessage { role: "user".into(), content: prompt }])
             } else {
-                model.tokenizer.encode(&prompt, true)?
+                Prompt::Text(prompt)
             };
             let sampling = SamplingParams {
                 temperature: temp,
@@ -221,13 +238,28 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 seed,
                 ..Default::default()
             };
-            let draft = perch_engine::decode::DraftMode::parse(&draft, &model)?;
-            let params = GenerateParams { max_tokens, sampling, stop, draft, ..Default::default() };
+            let turn = Turn {
+                max_tokens: Some(max_tokens),
+                sampling,
+                stop,
+                ..Turn::new(info.id.parse()?, prompt)
+            };
             let mut out = std::io::stdout().lock();
-            let g = generate(&model, &ids, &params, None, |piece| {
-                let _ = out.write_all(piece.as_bytes());
-                let _ = out.flush();
+            let end = tokio::runtime::Runtime::new()?.block_on(async {
+                let mut turn = Arrival::now(&engine).start(turn).await?;
+                while let Some(ev) = turn.next().await {
+                    match ev {
+                        TurnEvent::Delta { text, .. } => {
+                            let _ = out.write_all(text.as_bytes());
+                            let _ = out.flush();
+                        }
+                        TurnEvent::End(end) => return Ok(end),
+                        TurnEvent::Failed(e) => return Err(e),
+                    }
+                }
+                Err(perch_engine::EngineError::Internal("the turn ended without a result".into()))
             })?;
+            let g = end.generation;
             let _ = writeln!(out);
             if verbose {
                 eprintln!(
@@ -302,12 +334,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             use perch_engine::runtime::{Engine, EngineConfig};
             use perch_engine::server::{ServeConfig, Server};
             let spec = model.unwrap_or_else(|| DEFAULT_MODEL_ID.to_string());
-            model::resolve(&spec, &dir).map_err(|e| anyhow::anyhow!("{e}\n  models directory: {}\n  run `scripts/setup` to install the default model, or pass --model PATH", dir.display()))?;
+            model::resolve(&spec, &dir).map_err(|e| not_installed(e, &dir))?;
             let mut config = EngineConfig {
                 models_dir: dir.clone(),
                 model: spec,
                 draft,
                 max_queue,
+                max_tokens_cap,
                 ..Default::default()
             };
             config.keep_alive = perch_engine::runtime::KeepAlive::from_secs(keep_alive);
@@ -330,7 +363,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 allowed_origins: allow_origin,
                 allowed_hosts: allow_host,
                 max_body_bytes: max_body,
-                max_tokens_cap,
                 log_dir: log_dir.clone(),
                 log_text,
                 ..Default::default()

@@ -35,6 +35,10 @@ fn venv() -> Option<PathBuf> {
 }
 
 async fn serve(config: ServeConfig, max_queue: usize) -> Server {
+    serve_capped(config, max_queue, None).await
+}
+
+async fn serve_capped(config: ServeConfig, max_queue: usize, cap: Option<usize>) -> Server {
     std::env::set_var("PERCH_DTYPE", "f32");
     let models_dir = fixture_dir("qwen3").parent().unwrap().to_path_buf();
     // Drafts on (prompt lookup for this model): the clients must not be able to tell.
@@ -43,6 +47,7 @@ async fn serve(config: ServeConfig, max_queue: usize) -> Server {
         model: "qwen3".into(),
         draft: "auto".into(),
         max_queue,
+        max_tokens_cap: cap,
         ladder: perch_engine::runtime::LadderConfig::profile("off").unwrap(),
         ..Default::default()
     })
@@ -182,7 +187,7 @@ async fn sixteen_streaming_clients_complete_or_get_429() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_no_server_errors_and_no_schema_violations() {
     let Some(python) = venv() else { return };
-    let s = serve(ServeConfig { max_tokens_cap: Some(16), ..Default::default() }, 8).await;
+    let s = serve_capped(ServeConfig::default(), 8, Some(16)).await;
     let schemathesis = python.with_file_name("schemathesis");
     let args = [
         "run",

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use perch_engine::decode::GenerateParams;
-use perch_engine::runtime::{Engine, EngineConfig, KeepAlive, LadderConfig, LadderState};
+use perch_engine::decode::Generation;
+use perch_engine::runtime::{
+    Arrival, Engine, EngineConfig, KeepAlive, LadderConfig, LadderState, Prompt, Turn,
+};
 
 fn config(ladder: LadderConfig) -> EngineConfig {
     std::env::set_var("PERCH_DTYPE", "f32");
@@ -25,8 +27,21 @@ fn config(ladder: LadderConfig) -> EngineConfig {
 /// compete for the two cores.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn params(max_tokens: usize) -> GenerateParams {
-    GenerateParams { max_tokens, ignore_eos: true, ..Default::default() }
+/// A user turn of exactly `max_tokens` tokens after `prompt`: its generation and its time to
+/// first token from arrival.
+async fn request(
+    engine: &Arc<Engine>,
+    model: &str,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+) -> (Generation, Duration) {
+    let turn = Turn {
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        ..Turn::new(model.parse().unwrap(), Prompt::Tokens(prompt))
+    };
+    let end = Arrival::now(engine).run(turn).await.unwrap();
+    (end.generation, end.ttft)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -48,17 +63,17 @@ async fn a_user_request_waits_at_most_one_warming_chunk() {
     // 1536-token prefill / 12 chunks.
     let mut quiet = Duration::MAX;
     for _ in 0..3 {
-        quiet = quiet.min(engine.user_request("qwen3", prompt.clone(), params(1)).await.unwrap().1);
+        quiet = quiet.min(request(&engine, "qwen3", prompt.clone(), 1).await.1);
     }
     let long: Vec<u32> = prompt.iter().copied().cycle().take(1536).collect();
-    let (g, _) = engine.user_request("qwen3", long, params(1)).await.unwrap();
+    let (g, _) = request(&engine, "qwen3", long, 1).await;
     let chunk = g.ttft / 12;
     engine.start_background();
     while engine.ladder_status().state != LadderState::Running {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     tokio::time::sleep(chunk / 2).await;
-    let (_, busy) = engine.user_request("qwen3", prompt.clone(), params(1)).await.unwrap();
+    let (_, busy) = request(&engine, "qwen3", prompt.clone(), 1).await;
     let st = engine.ladder_status();
     println!(
         "TTFT quiet {:.1} ms, during a rung {:.1} ms; one chunk ~{:.1} ms; ladder {:?}, {} interruption(s)",
@@ -108,7 +123,7 @@ async fn eviction_and_unload_wait_for_leases_and_the_drain_is_timed() {
     tokio::time::timeout(Duration::from_secs(10), load).await.unwrap().unwrap().unwrap();
     assert_eq!(engine.resident_ids(), vec!["llama".to_string()]);
     // A generation on the newly loaded model works.
-    let (g, _) = engine.user_request("llama", golden("llama").prompt_ids, params(4)).await.unwrap();
+    let (g, _) = request(&engine, "llama", golden("llama").prompt_ids, 4).await;
     assert_eq!(g.tokens, golden("llama").greedy_tokens[..4].to_vec());
     // An explicit unload waits for a lease too.
     let held = engine.lease_model("llama").await.unwrap();
@@ -134,13 +149,13 @@ async fn keep_alive_zero_unloads_after_each_request_and_reloads_on_demand() {
     let engine = Arc::new(Engine::start(cfg).unwrap());
     engine.start_background();
     let g = golden("qwen3");
-    let (a, _) = engine.user_request("qwen3", g.prompt_ids.clone(), params(4)).await.unwrap();
+    let (a, _) = request(&engine, "qwen3", g.prompt_ids.clone(), 4).await;
     let t = Instant::now();
     while !engine.resident_ids().is_empty() {
         assert!(t.elapsed() < Duration::from_secs(3), "not unloaded after the request");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let (b, _) = engine.user_request("qwen3", g.prompt_ids.clone(), params(4)).await.unwrap();
+    let (b, _) = request(&engine, "qwen3", g.prompt_ids.clone(), 4).await;
     assert_eq!(a.tokens, b.tokens);
     assert_eq!(KeepAlive::from_secs(-1), KeepAlive::Forever);
     assert_eq!(KeepAlive::from_secs(90), KeepAlive::For(Duration::from_secs(90)));
@@ -179,7 +194,7 @@ async fn load_time_mtp_warmup_warms_or_leaves_it_to_the_first_request() {
     assert_eq!((m.load_time_warmup, m.mtp_warm), (WarmupOutcome::SkippedBusy, false));
     drop(user);
     let prompt = golden(MTP_FIXTURE).prompt_ids;
-    let (g, _) = engine.user_request(MTP_FIXTURE, prompt, params(8)).await.unwrap();
+    let (g, _) = request(&engine, MTP_FIXTURE, prompt, 8).await;
     assert_eq!(g.draft.unwrap().mode, "mtp");
     assert!(
         engine.resident_snapshot()[0].mtp_warm,

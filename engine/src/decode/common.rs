@@ -285,21 +285,25 @@ pub(crate) fn check_request(
     prompt: &[u32],
     params: &GenerateParams,
 ) -> Result<usize> {
-    if prompt.is_empty() {
-        return Err(EngineError::InvalidRequest("the prompt is empty".into()));
-    }
     if params.max_tokens == 0 {
         return Err(EngineError::InvalidRequest("max_tokens must be at least 1".into()));
     }
-    if prompt.len() >= model.context_length {
-        return Err(EngineError::InvalidRequest(format!(
-            "the prompt has {} tokens; this model's context is {}",
-            prompt.len(),
-            model.context_length
-        )));
-    }
+    let room = context_room(prompt.len(), model.context_length)?;
     params.sampling.validate()?;
-    Ok(params.max_tokens.min(model.context_length - prompt.len()))
+    Ok(params.max_tokens.min(room))
+}
+
+/// How many tokens may follow a prompt of `prompt_tokens` in a context of `context_length`:
+/// the one check of a prompt's length, whoever asks (a turn before it queues, every decoding
+/// loop as it starts).
+pub fn context_room(prompt_tokens: usize, context_length: usize) -> Result<usize> {
+    if prompt_tokens == 0 {
+        return Err(EngineError::EmptyPrompt);
+    }
+    if prompt_tokens >= context_length {
+        return Err(EngineError::ContextOverflow { context_length, prompt_tokens });
+    }
+    Ok(context_length - prompt_tokens)
 }
 
 pub(crate) fn host_u32(a: &Array) -> Result<u32> {

@@ -11,7 +11,7 @@ pub mod sampler;
 pub mod speculative;
 
 pub use common::{
-    AdapterRef, DraftMode, DraftStats, FinishReason, GenerateParams, Generation, StopMatcher,
-    TokenLogprob, TopLogprob,
+    context_room, AdapterRef, DraftMode, DraftStats, FinishReason, GenerateParams, Generation,
+    StopMatcher, TokenLogprob, TopLogprob,
 };
 pub use generate::{generate, generate_streaming};

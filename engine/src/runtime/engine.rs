@@ -4,26 +4,22 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::background::{Scratch, WorkerWork};
 use super::ladder::{LadderConfig, LadderStatus, WarmupLadder};
 use super::model_ref::ModelRef;
+use super::observe::{LastTurn, TurnObserver};
 use super::warmup::{warm_at_load, WarmupOutcome};
+use super::worker::{MlxThread, WorkerWork};
 use super::{Foreground, Gate, Lease, Leases};
-use crate::decode::{
-    generate_streaming, AdapterRef, DraftMode, GenerateParams, Generation, TokenLogprob,
-};
+use crate::decode::{AdapterRef, DraftMode};
 use crate::error::{EngineError, Result};
-use crate::model::lora::Lora;
 use crate::model::{load_model, LoadedModel, ModelConfig};
-use crate::sync::LockExt;
+use crate::sync::{LockExt, RwLockExt};
 use crate::tokenizer::Tokenizer;
-use crate::train::trainer::Trainer;
-use crate::train::Training;
 
 /// How long an unused model stays loaded (Ollama's keep_alive).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,8 +50,11 @@ pub struct EngineConfig {
     pub context_length: Option<usize>,
     /// Installed id or directory of the model loaded at start.
     pub model: String,
-    /// `auto`, `none`, `lookup`, `mtp`, `mtp:N` (see `DraftMode::parse`).
+    /// `auto`, `none`, `lookup`, `mtp`, `mtp:N` (see `DraftMode::parse`), resolved once
+    /// for each model as it loads.
     pub draft: String,
+    /// Most tokens one turn may generate (`None`: up to the context).
+    pub max_tokens_cap: Option<usize>,
     /// Requests that may wait for the gate; more get "busy".
     pub max_queue: usize,
     /// Models resident at once; loading another evicts the least recently used.
@@ -84,6 +83,7 @@ impl Default for EngineConfig {
             context_length: None,
             model: crate::paths::DEFAULT_MODEL_ID.into(),
             draft: "auto".into(),
+            max_tokens_cap: None,
             max_queue: 32,
             max_resident: 1,
             keep_alive: KeepAlive::For(Duration::from_secs(30 * 60)),
@@ -106,6 +106,9 @@ pub struct ModelInfo {
     pub tokenizer: Arc<Tokenizer>,
     /// A LoRA adapter applied on top (the request named `model+adapter`).
     pub adapter: Option<AdapterRef>,
+    /// Where its turns' draft tokens come from unless a turn says otherwise (resolved from
+    /// `EngineConfig::draft` when it loaded; none before).
+    pub draft: DraftMode,
 }
 
 impl ModelInfo {
@@ -119,10 +122,10 @@ impl ModelInfo {
 }
 
 /// A loaded model's state outside the MLX thread.
-struct Resident {
-    info: ModelInfo,
-    last_used: Instant,
-    mtp_warm: Arc<AtomicBool>,
+pub(super) struct Resident {
+    pub info: ModelInfo,
+    pub last_used: Instant,
+    pub mtp_warm: Arc<AtomicBool>,
     warmup: Arc<Mutex<WarmupOutcome>>,
     ladder: Arc<WarmupLadder>,
 }
@@ -139,48 +142,14 @@ pub struct LoadedSnapshot {
     pub idle_s: f64,
 }
 
-/// What the MLX thread owns.
-pub(crate) struct Worker {
-    pub models: HashMap<String, LoadedModel>,
-    pub scratch: Option<Scratch>,
-    /// The training run's state (one run at a time).
-    pub trainer: Option<Trainer>,
-    /// Adapters loaded for serving, by directory, with the file time they were read at.
-    pub adapters: HashMap<PathBuf, (Option<std::time::SystemTime>, Lora)>,
-}
-
-/// The adapter at `a.dir` for `model`, read once and again when its file changes.
-fn adapter_for(
-    cache: &mut HashMap<PathBuf, (Option<std::time::SystemTime>, Lora)>,
-    model: &LoadedModel,
-    a: &AdapterRef,
-) -> Result<Lora> {
-    let file = a.dir.join("adapters.safetensors");
-    let mtime = std::fs::metadata(&file).and_then(|m| m.modified()).ok();
-    if let Some((t, lora)) = cache.get(&a.dir) {
-        if *t == mtime {
-            return Ok(lora.clone());
-        }
-    }
-    let lora = Lora::load(&a.dir, &model.net.projection_dims())?;
-    cache.insert(a.dir.clone(), (mtime, lora.clone()));
-    Ok(lora)
-}
-
-pub(crate) type Task = Box<dyn FnOnce(&mut Worker) + Send>;
-
 pub struct Engine {
     pub config: EngineConfig,
     pub foreground: Arc<Foreground>,
     pub gate: Arc<Gate>,
     pub leases: Arc<Leases>,
     pub started: Instant,
-    /// MLX keeps its streams per thread, so one thread loads every model and runs every
-    /// generation; callers hand it tasks.
-    worker: Mutex<mpsc::Sender<Task>>,
-    /// Joined on drop, so the models are freed before the engine is gone (and never while
-    /// the process is tearing MLX down).
-    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Loads every model and runs every generation, warmup and training window.
+    pub mlx: MlxThread,
     /// Least recently used first.
     resident: Mutex<Vec<Resident>>,
     known: Mutex<HashMap<String, ModelInfo>>,
@@ -188,8 +157,10 @@ pub struct Engine {
     load_lock: tokio::sync::Mutex<()>,
     /// The last ladder started, for /health.
     ladder: Mutex<Arc<WarmupLadder>>,
-    /// Training runs, the per-turn receipt and the pacer (docs/training.md).
-    pub training: Arc<Training>,
+    /// Hears of every user turn and of unloads (training, docs/training.md).
+    observer: RwLock<Option<Arc<dyn TurnObserver>>>,
+    /// The last finished turn, for the tray and /health.
+    pub(super) last_turn: Mutex<Option<LastTurn>>,
 }
 
 impl Engine {
@@ -206,51 +177,25 @@ impl Engine {
                 (dir, id)
             }
         };
-        let (tx, rx) = mpsc::channel::<Task>();
-        let thread = std::thread::Builder::new()
-            .name("perch-mlx".into())
-            .spawn(move || {
-                let mut worker = Worker {
-                    models: HashMap::new(),
-                    scratch: None,
-                    trainer: None,
-                    adapters: HashMap::new(),
-                };
-                while let Ok(task) = rx.recv() {
-                    // A panicking task fails its own request (its reply channel drops), not
-                    // the engine.
-                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task(&mut worker)))
-                        .is_err()
-                    {
-                        tracing::error!("a task on the MLX thread panicked");
-                    }
-                }
-                // The engine is gone (a restart, or shutdown): give its models' memory back
-                // rather than leave it in MLX's buffer cache.
-                drop(worker);
-                release_freed_memory();
-            })
-            .map_err(|e| EngineError::Internal(format!("cannot start the MLX thread: {e}")))?;
         let engine = Engine {
             gate: Arc::new(Gate::new(config.max_queue)),
             foreground: Arc::new(Foreground::new()),
             leases: Leases::new(),
             started: Instant::now(),
-            worker: Mutex::new(tx),
-            thread: Mutex::new(Some(thread)),
+            mlx: MlxThread::start()?,
             resident: Mutex::new(Vec::new()),
             known: Mutex::new(HashMap::new()),
             load_lock: tokio::sync::Mutex::new(()),
             ladder: Mutex::new(WarmupLadder::disabled()),
-            training: Training::new(),
+            observer: RwLock::new(None),
+            last_turn: Mutex::new(None),
             config,
         };
         let draft = engine.config.draft.clone();
-        let info = engine.on_worker(move |w| {
+        let info = engine.mlx.run(move |w| {
             let mut model = load_model(&dir)?;
             model.id = id;
-            DraftMode::parse(&draft, &model)?;
-            let info = info_of(&model);
+            let info = ModelInfo { draft: DraftMode::parse(&draft, &model)?, ..info_of(&model) };
             w.models.insert(model.id.clone(), model);
             Ok(info)
         })?;
@@ -258,38 +203,18 @@ impl Engine {
         Ok(engine)
     }
 
-    /// Run `f` on the MLX thread and wait for its result (blocking: not from async code).
-    pub(crate) fn on_worker<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut Worker) -> Result<T> + Send + 'static,
-    ) -> Result<T> {
-        let (tx, rx) = mpsc::channel();
-        let task: Task = Box::new(move |w| {
-            let _ = tx.send(f(w));
-        });
-        self.worker
-            .locked()
-            .send(task)
-            .map_err(|_| EngineError::Internal("the MLX thread has stopped".into()))?;
-        rx.recv().map_err(|_| {
-            EngineError::Internal("a task failed on the MLX thread (see the log)".into())
-        })?
+    /// Tell `observer` of every user turn and unload from now on (one at a time).
+    pub fn set_observer(&self, observer: Arc<dyn TurnObserver>) {
+        *self.observer.write_now() = Some(observer);
     }
 
-    /// Queue `f` on the MLX thread; the receiver yields its result.
-    pub(crate) fn on_worker_async<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut Worker) -> Result<T> + Send + 'static,
-    ) -> Result<tokio::sync::oneshot::Receiver<Result<T>>> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let task: Task = Box::new(move |w| {
-            let _ = tx.send(f(w));
-        });
-        self.worker
-            .locked()
-            .send(task)
-            .map_err(|_| EngineError::Internal("the MLX thread has stopped".into()))?;
-        Ok(rx)
+    pub(super) fn observer(&self) -> Option<Arc<dyn TurnObserver>> {
+        self.observer.read_now().clone()
+    }
+
+    /// The last finished turn.
+    pub fn last_turn(&self) -> Option<LastTurn> {
+        self.last_turn.locked().clone()
     }
 
     fn capped(&self, mut info: ModelInfo) -> ModelInfo {
@@ -311,7 +236,11 @@ impl Engine {
         });
     }
 
-    fn with_resident<T>(&self, id: &str, f: impl FnOnce(&mut Resident) -> T) -> Option<T> {
+    pub(super) fn with_resident<T>(
+        &self,
+        id: &str,
+        f: impl FnOnce(&mut Resident) -> T,
+    ) -> Option<T> {
         let mut r = self.resident.locked();
         r.iter_mut().find(|m| m.info.id == id).map(f)
     }
@@ -349,12 +278,12 @@ impl Engine {
             drop(lease);
             WarmupOutcome::Disabled
         } else {
-            let work = WorkerWork::new(&self, id);
+            let work = WorkerWork::new(&self.mlx, id);
             warm_at_load(&work, id, &self.gate, lease, self.config.warmup_deadline, &warm).await
         };
         *outcome.locked() = result;
         *self.ladder.locked() = ladder.clone();
-        let work: Arc<dyn super::ladder::RungWork> = Arc::new(WorkerWork::new(&self, id));
+        let work: Arc<dyn super::ladder::RungWork> = Arc::new(WorkerWork::new(&self.mlx, id));
         let (fg, gate, leases, id) =
             (self.foreground.clone(), self.gate.clone(), self.leases.clone(), id.to_string());
         tokio::spawn(ladder.run(work, id, fg, gate, leases));
@@ -436,11 +365,17 @@ impl Engine {
             self.unload_locked(&victim).await?;
         }
         let dir = info.dir.clone();
-        let model_id = id.to_string();
-        let rx = self.on_worker_async(move |w| {
+        let (model_id, draft) = (id.to_string(), self.config.draft.clone());
+        let rx = self.mlx.submit(move |w| {
             let mut model = load_model(&dir)?;
             model.id = model_id;
-            let info = info_of(&model);
+            // A setting this model cannot honour (mtp without an MTP head) means plain
+            // decoding for it; the engine's first model is checked strictly at start.
+            let draft = DraftMode::parse(&draft, &model).unwrap_or_else(|e| {
+                tracing::warn!(model = %model.id, error = %e, "draft setting not usable; plain decoding");
+                DraftMode::None
+            });
+            let info = ModelInfo { draft, ..info_of(&model) };
             w.models.insert(model.id.clone(), model);
             Ok(info)
         })?;
@@ -458,7 +393,7 @@ impl Engine {
     }
 
     /// A lease on `id` if it is loaded now (background work uses this: it never loads a model).
-    pub(crate) fn lease_if_resident(&self, id: &str) -> Option<Lease> {
+    pub fn lease_if_resident(&self, id: &str) -> Option<Lease> {
         let mut r = self.resident.locked();
         let at = r.iter().position(|m| m.info.id == id)?;
         let mut m = r.remove(at);
@@ -477,16 +412,13 @@ impl Engine {
         if let Some(ladder) = self.with_resident(id, |m| m.ladder.clone()) {
             ladder.stop();
         }
-        self.training.stop(Some(id), "the model is being unloaded");
+        if let Some(o) = self.observer() {
+            o.stop(Some(id), "the model is being unloaded");
+        }
         self.leases.released(Some(id)).await;
         let owned = id.to_string();
-        let rx = self.on_worker_async(move |w| {
-            w.models.remove(&owned);
-            w.adapters.clear();
-            if w.scratch.as_ref().is_some_and(|s| s.model == owned) {
-                w.scratch = None;
-            }
-            release_freed_memory();
+        let rx = self.mlx.submit(move |w| {
+            w.unload(&owned);
             Ok(())
         })?;
         rx.await
@@ -529,116 +461,9 @@ impl Engine {
         for m in self.resident.locked().iter() {
             m.ladder.stop();
         }
-        self.training.stop(None, "the engine is stopping");
-    }
-
-    /// A whole user request without HTTP (benchmarks, tests): arrival, lease, queue, gate,
-    /// generation, as the server does it. Returns the generation and its time to first token
-    /// measured from arrival.
-    pub async fn user_request(
-        self: &Arc<Self>,
-        id: &str,
-        prompt: Vec<u32>,
-        params: GenerateParams,
-    ) -> Result<(Generation, Duration)> {
-        let mut user = self.foreground.arrive();
-        let arrived = Instant::now();
-        let lease = self.lease_model(id).await?;
-        user.queue();
-        let permit = self
-            .gate
-            .acquire(super::Policy::WaitForTurn)
-            .await
-            .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
-        user.start();
-        let first: Arc<Mutex<Option<Instant>>> = Arc::default();
-        let (engine, id, seen) = (self.clone(), id.to_string(), first.clone());
-        let g = tokio::task::spawn_blocking(move || {
-            let cancel = Arc::new(AtomicBool::new(false));
-            let r = engine.generate_blocking(&id, prompt, params, cancel, move |_, _| {
-                seen.locked().get_or_insert_with(Instant::now);
-            });
-            drop((permit, lease, user));
-            r
-        })
-        .await
-        .map_err(|e| EngineError::Internal(e.to_string()))??;
-        let ttft = first.locked().map_or(arrived.elapsed(), |t| t - arrived);
-        Ok((g, ttft))
-    }
-
-    /// Generate with resident model `id` on the MLX thread and wait for the result: one user
-    /// turn, reported to the training receipt (docs/training.md). The caller holds a lease on `id` and
-    /// the gate.
-    pub fn generate_blocking(
-        &self,
-        id: &str,
-        prompt: Vec<u32>,
-        params: GenerateParams,
-        cancel: Arc<AtomicBool>,
-        mut on_piece: impl FnMut(&str, &[TokenLogprob]) + Send + 'static,
-    ) -> Result<Generation> {
-        let default_draft = self.config.draft.clone();
-        let warm = self.with_resident(id, |m| {
-            m.last_used = Instant::now();
-            m.mtp_warm.clone()
-        });
-        let owned = id.to_string();
-        // The turn starts before the MLX thread takes it: a window running now delays it.
-        let turn = self.training.turn_begin();
-        let g = self.on_worker(move |w| {
-            let Worker { models, adapters, .. } = w;
-            let model = models
-                .get_mut(&owned)
-                .ok_or_else(|| EngineError::Internal(format!("model `{owned}` is not loaded")))?;
-            // The adapter applies to this generation only; background work never sees it.
-            model.adapter = match &params.adapter {
-                Some(a) => Some(adapter_for(adapters, model, a)?),
-                None => None,
-            };
-            let mut params = params;
-            if params.draft == DraftMode::None && default_draft != "none" {
-                params.draft = DraftMode::parse(&default_draft, model).unwrap_or(DraftMode::None);
-            }
-            let g = generate_streaming(model, &prompt, &params, Some(&cancel), &mut on_piece);
-            model.adapter = None;
-            g
-        })?;
-        turn.finish(g.tokens.len(), g.finished_at);
-        // A real MTP generation pays the cold costs a skipped load-time warmup left.
-        if g.draft.as_ref().is_some_and(|d| d.mode == "mtp") {
-            if let Some(w) = warm {
-                w.store(true, Ordering::SeqCst);
-            }
+        if let Some(o) = self.observer() {
+            o.stop(None, "the engine is stopping");
         }
-        Ok(g)
-    }
-}
-
-impl Drop for Engine {
-    fn drop(&mut self) {
-        // Closing the channel ends the MLX thread's loop; it frees the models and returns.
-        drop(std::mem::replace(
-            self.worker.get_mut().unwrap_or_else(|e| e.into_inner()),
-            mpsc::channel().0,
-        ));
-        if let Some(thread) = self.thread.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
-            if thread.thread().id() != std::thread::current().id() {
-                let _ = thread.join();
-            }
-        }
-    }
-}
-
-/// Hand memory freed by an unloaded model back to the system: MLX keeps freed buffers in its
-/// cache, and glibc keeps freed heap pages in the arena of the thread that used them (each
-/// restarted engine has a new MLX thread, so nothing would reuse them).
-fn release_freed_memory() {
-    let _ = mlx_rs::memory::clear_cache();
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns free pages to the kernel.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 
@@ -652,6 +477,7 @@ pub(crate) fn info_of(model: &LoadedModel) -> ModelInfo {
         has_mtp: model.mtp.is_some(),
         tokenizer: model.tokenizer.clone(),
         adapter: None,
+        draft: DraftMode::None,
     }
 }
 
@@ -668,6 +494,7 @@ fn probe(dir: &Path, id: &str) -> Result<ModelInfo> {
         has_mtp: false,
         tokenizer,
         adapter: None,
+        draft: DraftMode::None,
     })
 }
 

@@ -1,16 +1,19 @@
 //! The runtime between the server and the models (`docs/runtime.md` §1–§5): who is using
 //! the engine (foreground accounting), who may generate now (the generation gate), what pins
 //! a model (leases), and the background work that warms it (load-time MTP warmup, the
-//! warmup ladder).
+//! warmup ladder), and the one way a user's turn goes through them (`turn`) to the MLX
+//! thread (`worker`).
 
-mod background;
 pub mod engine;
 pub mod foreground;
 pub mod gate;
 pub mod ladder;
 pub mod lease;
 pub mod model_ref;
+pub mod observe;
+pub mod turn;
 pub mod warmup;
+pub mod worker;
 
 pub use engine::{Engine, EngineConfig, KeepAlive};
 pub use foreground::{Foreground, ForegroundSnapshot, UserRequest};
@@ -18,3 +21,7 @@ pub use gate::{Gate, GateError, GatePermit, Policy};
 pub use ladder::{LadderConfig, LadderState, WarmupLadder};
 pub use lease::{Lease, Leases};
 pub use model_ref::{ModelRef, ModelRefError};
+pub use observe::{LastTurn, TurnMark, TurnObserver};
+pub use turn::{
+    Arrival, DraftChoice, Prompt, ResponseFormat, Turn, TurnEnd, TurnEvent, TurnHandle, Usage,
+};

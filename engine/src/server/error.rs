@@ -75,19 +75,34 @@ impl ApiError {
     }
 }
 
-impl From<EngineError> for ApiError {
-    fn from(e: EngineError) -> ApiError {
+impl ApiError {
+    /// An engine error in OpenAI's shape; `prompt_param` is the field that holds the prompt
+    /// (`messages` or `prompt`), named by errors about the prompt.
+    pub fn engine(e: &EngineError, prompt_param: &str) -> ApiError {
         match e {
-            EngineError::ModelNotFound(id) => ApiError::model_not_found(&id),
+            EngineError::ModelNotFound(id) => ApiError::model_not_found(id),
             EngineError::InvalidModel(e) => ApiError::invalid("model", e.to_string()),
             EngineError::InvalidRequest(msg) => {
-                ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", msg)
+                ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", msg.clone())
             }
+            EngineError::EmptyPrompt => ApiError::invalid(prompt_param, e.to_string()),
+            EngineError::ContextOverflow { .. } => {
+                ApiError::invalid(prompt_param, e.to_string()).code("context_length_exceeded")
+            }
+            // Only a list of token ids can hold an id outside the vocabulary.
+            EngineError::TokenOutOfVocabulary { .. } => ApiError::invalid("prompt", e.to_string()),
+            EngineError::Busy(queued) => ApiError::busy(*queued),
             other => {
                 tracing::error!(error = %other, "engine error");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", other.to_string())
             }
         }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> ApiError {
+        ApiError::engine(&e, "prompt")
     }
 }
 

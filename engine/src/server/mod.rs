@@ -3,11 +3,12 @@
 //! checks, optional API key, bounded queue and body size).
 
 pub mod error;
+mod exchange;
 pub mod guard;
-mod handlers;
 pub mod metrics;
-pub mod request;
+pub mod openai;
 pub mod request_log;
+mod status;
 mod train;
 mod ui;
 
@@ -29,6 +30,7 @@ use tower::ServiceExt;
 
 use crate::config::SamplingDefaults;
 use crate::runtime::Engine;
+use crate::train::Training;
 use error::ApiError;
 use metrics::Metrics;
 use request_log::RequestLog;
@@ -48,8 +50,6 @@ pub struct ServeConfig {
     /// Host names besides the loopback ones that requests may address (e.g. `mymac.local`).
     pub allowed_hosts: Vec<String>,
     pub max_body_bytes: usize,
-    /// Most tokens one request may generate (`None`: up to the context).
-    pub max_tokens_cap: Option<usize>,
     /// Where `requests.jsonl` goes; `None`: no request log.
     pub log_dir: Option<PathBuf>,
     pub log_text: bool,
@@ -71,7 +71,6 @@ impl Default for ServeConfig {
             allowed_origins: vec![],
             allowed_hosts: vec![],
             max_body_bytes: 4 << 20,
-            max_tokens_cap: None,
             log_dir: None,
             log_text: false,
             log_max_bytes: 10 << 20,
@@ -119,8 +118,8 @@ pub struct App {
     pub metrics: Metrics,
     pub log: Option<RequestLog>,
     pub sampling: Mutex<SamplingDefaults>,
-    /// The last finished generation (model, tok/s), for the tray's status line.
-    pub last_request: Mutex<Option<serde_json::Value>>,
+    /// Training runs on this engine, its per-turn receipt and pacer (docs/training.md).
+    pub training: Arc<Training>,
     next_id: AtomicU64,
     /// Cancellation flags of the generations in flight, for shutdown.
     in_flight: Mutex<HashMap<u64, Arc<AtomicBool>>>,
@@ -165,19 +164,19 @@ impl App {
 /// The engine's own API (OpenAI-compatible routes, /health, /metrics).
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
-        .route("/v1/models", get(handlers::models))
-        .route("/v1/models/{*id}", get(handlers::model))
-        .route("/v1/chat/completions", post(handlers::chat))
-        .route("/v1/completions", post(handlers::completions))
-        .route("/health", get(handlers::health))
-        .route("/metrics", get(handlers::metrics))
-        .route("/openapi.json", get(handlers::openapi))
+        .route("/v1/models", get(openai::models))
+        .route("/v1/models/{*id}", get(openai::model))
+        .route("/v1/chat/completions", post(openai::chat))
+        .route("/v1/completions", post(openai::completions))
+        .route("/health", get(status::health))
+        .route("/metrics", get(status::metrics))
+        .route("/openapi.json", get(status::openapi))
         .route("/train", get(train::status).post(train::start))
         .route("/train/cancel", post(train::cancel))
         .route("/train/pause", post(train::pause))
         .route("/train/resume", post(train::resume))
-        .fallback(handlers::not_found)
-        .method_not_allowed_fallback(handlers::method_not_allowed)
+        .fallback(status::not_found)
+        .method_not_allowed_fallback(status::method_not_allowed)
         // Bodies are read as bytes with this cap; the handlers turn the rejection into a 413.
         .layer(DefaultBodyLimit::max(app.config.max_body_bytes))
         .with_state(app)
@@ -319,6 +318,8 @@ impl Server {
             None => None,
         };
         engine.start_background();
+        let training = Training::new();
+        engine.set_observer(Arc::new(training.clone()));
         let sampling = Mutex::new(config.sampling);
         let app = Arc::new(App {
             engine,
@@ -326,7 +327,7 @@ impl Server {
             metrics: Metrics::new(),
             log,
             sampling,
-            last_request: Mutex::new(None),
+            training,
             next_id: AtomicU64::new(1),
             in_flight: Mutex::new(HashMap::new()),
         });

@@ -19,7 +19,7 @@ use crate::train::{request, Run};
 type Reply = Result<Response, ApiError>;
 
 fn status_of(app: &App, run: &Run) -> Response {
-    Json(run.status(&app.engine.training)).into_response()
+    Json(run.status(&app.training)).into_response()
 }
 
 fn no_run() -> ApiError {
@@ -35,10 +35,8 @@ pub async fn start(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejecti
     let bytes =
         body.map_err(|r| ApiError::new(r.status(), "invalid_request_error", r.body_text()))?;
     let req = request::parse(&bytes).map_err(|e| ApiError::invalid(&e.param, e.to_string()))?;
-    match app.engine.start_training(req).await {
-        Ok(run) => {
-            Ok((StatusCode::CREATED, Json(run.status(&app.engine.training))).into_response())
-        }
+    match app.training.start(&app.engine, req).await {
+        Ok(run) => Ok((StatusCode::CREATED, Json(run.status(&app.training))).into_response()),
         Err(e @ StartError::Busy(_)) => {
             Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
                 .code("training_running"))
@@ -49,14 +47,14 @@ pub async fn start(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejecti
 }
 
 pub async fn status(State(app): State<Arc<App>>) -> Reply {
-    Ok(match app.engine.training.current() {
+    Ok(match app.training.current() {
         Some(run) => status_of(&app, &run),
         None => Json(json!({"state": "idle"})).into_response(),
     })
 }
 
 fn active(app: &App) -> Result<Arc<Run>, ApiError> {
-    app.engine.training.current().filter(|r| r.is_active()).ok_or_else(no_run)
+    app.training.current().filter(|r| r.is_active()).ok_or_else(no_run)
 }
 
 pub async fn cancel(State(app): State<Arc<App>>) -> Reply {

@@ -15,7 +15,6 @@ use super::Supervisor;
 use crate::config::{ConfigError, Settings};
 use crate::download::DownloadError;
 use crate::server::error::ApiError;
-use crate::sync::LockExt;
 
 type S = State<Weak<Supervisor>>;
 
@@ -85,7 +84,7 @@ async fn status(State(sup): S) -> Reply {
         v["model"] = json!(app.engine.loaded().map(|m| m.id));
         v["foreground"] =
             serde_json::to_value(app.engine.foreground.snapshot()).unwrap_or_default();
-        v["last_request"] = app.last_request.locked().clone().unwrap_or_default();
+        v["last_request"] = json!(app.engine.last_turn());
         v["memory_bytes"] = json!(crate::platform::active_memory_bytes());
     }
     v["default_model"] = json!(sup.settings().map(|s| s.default_model));

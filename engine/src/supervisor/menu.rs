@@ -52,9 +52,7 @@ impl Supervisor {
                     .unwrap_or_else(|| "no model".into());
                 let rate = app
                     .as_ref()
-                    .and_then(|a| {
-                        a.last_request.lock().ok()?.as_ref()?.get("decode_tok_s")?.as_f64()
-                    })
+                    .and_then(|a| a.engine.last_turn()?.decode_tok_s)
                     .map(|r| format!(" · {r:.1} tok/s"))
                     .unwrap_or_default();
                 let memory = crate::platform::active_memory_bytes()

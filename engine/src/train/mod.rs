@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
+use crate::runtime::observe::{TurnMark, TurnObserver};
 use crate::sync::LockExt;
 pub use pacing::{Pacer, Pacing};
 pub use receipt::{Receipt, ReceiptSummary, TurnOutcome};
@@ -190,5 +191,22 @@ impl Drop for Turn {
         if !self.done {
             self.training.turn_end(self.id, self.start, 0, None);
         }
+    }
+}
+
+/// Serving tells training of every user turn and of unloads through the runtime's observer.
+impl TurnObserver for Arc<Training> {
+    fn turn_begin(&self) -> Box<dyn TurnMark> {
+        Box::new(Training::turn_begin(self))
+    }
+
+    fn stop(&self, model: Option<&str>, why: &str) {
+        Training::stop(self, model, why)
+    }
+}
+
+impl TurnMark for Turn {
+    fn finish(self: Box<Self>, steps: usize, at: Instant) {
+        Turn::finish(*self, steps, at);
     }
 }

@@ -319,16 +319,17 @@ fn field(param: &str, message: impl Into<String>) -> StartError {
     StartError::Field(FieldError { param: param.into(), message: message.into() })
 }
 
-impl Engine {
-    /// Start a training run on the requested (or loaded) model.
-    pub async fn start_training(
+impl Training {
+    /// Start a training run on `engine`'s requested (or loaded) model.
+    pub async fn start(
         self: &Arc<Self>,
+        engine: &Arc<Engine>,
         req: TrainRequest,
     ) -> std::result::Result<Arc<Run>, StartError> {
-        if let Some(active) = self.training.current().filter(|r| r.is_active()) {
+        if let Some(active) = self.current().filter(|r| r.is_active()) {
             return Err(StartError::Busy(active.state()));
         }
-        let model = match req.model.clone().or_else(|| self.loaded().map(|m| m.id)) {
+        let model = match req.model.clone().or_else(|| engine.loaded().map(|m| m.id)) {
             Some(m) => m,
             None => return Err(field("model", "no model is loaded; name one")),
         };
@@ -338,8 +339,9 @@ impl Engine {
         if model.adapter.is_some() {
             return Err(field("model", "train a base model, not an adapter"));
         }
-        let info = self.resolve(&model).map_err(|e| field("model", e.to_string()))?;
-        let dir = crate::model::lora::adapter_dir(&self.config.models_dir, &info.id, &req.adapter);
+        let info = engine.resolve(&model).map_err(|e| field("model", e.to_string()))?;
+        let dir =
+            crate::model::lora::adapter_dir(&engine.config.models_dir, &info.id, &req.adapter);
         if dir.exists() {
             return Err(field(
                 "adapter",
@@ -384,31 +386,31 @@ impl Engine {
             window_batches: req.window_batches,
             samples: (setup.train.len(), setup.eval.len()),
             epochs: setup.epochs,
-            started: self.training.now(),
+            started: self.now(),
             cancel: AtomicBool::new(false),
             paused: AtomicBool::new(false),
             wake: Notify::new(),
             progress: Mutex::default(),
         });
-        if let Err(active) = self.training.install(run.clone()) {
+        if let Err(active) = self.install(run.clone()) {
             return Err(StartError::Busy(active.state()));
         }
         // Load the model if needed; the lease only covers the load and the trainer's setup.
-        let lease = match self.lease_model(&info.id).await {
+        let lease = match engine.lease_model(&info.id).await {
             Ok(l) => l,
             Err(e) => {
-                run.end(RunState::Failed, Some(e.to_string()), self.training.now());
+                run.end(RunState::Failed, Some(e.to_string()), self.now());
                 return Err(e.into());
             }
         };
-        self.training.begin_receipt(req.pacing);
+        self.begin_receipt(req.pacing);
         let id = info.id.clone();
-        let created = self.on_worker_async(move |w| {
+        let created = engine.mlx.submit(move |w| {
             let model = w
                 .models
                 .get(&id)
                 .ok_or_else(|| EngineError::Internal(format!("model `{id}` is not loaded")))?;
-            w.trainer = Some(Trainer::new(model, setup)?);
+            w.job_state = Some(Box::new(Trainer::new(model, setup)?));
             Ok(())
         })?;
         let created = created
@@ -417,25 +419,25 @@ impl Engine {
             .and_then(|r| r);
         drop(lease);
         if let Err(e) = created {
-            run.end(RunState::Failed, Some(e.to_string()), self.training.run_ended());
+            run.end(RunState::Failed, Some(e.to_string()), self.run_ended());
             return Err(e.into());
         }
         run.update(|s| {
             s.state =
                 if run.paused.load(Ordering::SeqCst) { RunState::Paused } else { RunState::Running }
         });
-        tokio::spawn(drive(Arc::downgrade(self), run.clone()));
+        tokio::spawn(drive(Arc::downgrade(engine), self.clone(), run.clone()));
         Ok(run)
     }
 }
 
 /// The run's loop: window, yield, repeat; then save the adapter and close the receipt.
-async fn drive(engine: Weak<Engine>, run: Arc<Run>) {
-    let outcome = windows(&engine, &run).await;
+async fn drive(engine: Weak<Engine>, training: Arc<Training>, run: Arc<Run>) {
+    let outcome = windows(&engine, &training, &run).await;
     let (saved, at) = match engine.upgrade() {
         Some(e) => {
-            let saved = save(&e, &run).await;
-            (saved, e.training.run_ended())
+            let saved = save(&e, &training, &run).await;
+            (saved, training.run_ended())
         }
         None => (
             Err(EngineError::Internal("the engine stopped before the adapter was saved".into())),
@@ -453,14 +455,13 @@ async fn drive(engine: Weak<Engine>, run: Arc<Run>) {
 }
 
 /// Windows until the data is done (`Ok(true)`) or the run is stopped (`Ok(false)`).
-async fn windows(engine: &Weak<Engine>, run: &Arc<Run>) -> Result<bool> {
+async fn windows(engine: &Weak<Engine>, training: &Arc<Training>, run: &Arc<Run>) -> Result<bool> {
     loop {
         run.wait_while_paused().await;
         if run.cancelled() {
             return Ok(false);
         }
         let Some(e) = engine.upgrade() else { return Ok(false) };
-        let training = e.training.clone();
         if training.ledger().pacer.probe_due(training.now()) {
             // r0 is stale while turns keep landing in windows: stay out until a clean turn
             // measures it (or the probe times out).
@@ -484,8 +485,9 @@ async fn windows(engine: &Weak<Engine>, run: &Arc<Run>) -> Result<bool> {
             )));
         };
         let (r, t, k) = (run.clone(), training.clone(), run.window_batches);
-        let rx = e.on_worker_async(move |w| {
-            let (Some(model), Some(trainer)) = (w.models.get(&r.model), w.trainer.as_mut()) else {
+        let rx = e.mlx.submit(move |w| {
+            let trainer = w.job_state.as_mut().and_then(|s| s.downcast_mut::<Trainer>());
+            let (Some(model), Some(trainer)) = (w.models.get(&r.model), trainer) else {
                 return Err(EngineError::Internal(format!(
                     "model `{}` is no longer loaded",
                     r.model
@@ -513,13 +515,15 @@ async fn windows(engine: &Weak<Engine>, run: &Arc<Run>) -> Result<bool> {
 }
 
 /// Save the adapter (if it took a step) and free the trainer; `Ok(true)` when written.
-async fn save(e: &Arc<Engine>, run: &Arc<Run>) -> Result<bool> {
+async fn save(e: &Arc<Engine>, training: &Arc<Training>, run: &Arc<Run>) -> Result<bool> {
     let steps = run.progress.locked().steps;
     let (dir, meta) =
         (run.dir.clone(), serde_json::json!({"base_model": run.model, "steps": steps}));
-    let training = e.training.clone();
-    let rx = e.on_worker_async(move |w| {
-        let Some(trainer) = w.trainer.take() else { return Ok(false) };
+    let training = training.clone();
+    let rx = e.mlx.submit(move |w| {
+        let Some(Ok(trainer)) = w.job_state.take().map(|s| s.downcast::<Trainer>()) else {
+            return Ok(false);
+        };
         if steps == 0 {
             return Ok(false);
         }

@@ -3,11 +3,10 @@
 
 use serde_json::{Map, Value};
 
-use super::error::ApiError;
 use crate::config::SamplingDefaults;
 use crate::decode::sampler::SamplingParams;
-use crate::decode::GenerateParams;
-use crate::runtime::ModelRef;
+use crate::runtime::{ModelRef, Prompt, ResponseFormat, Turn};
+use crate::server::error::ApiError;
 use crate::tokenizer::ChatMessage;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,26 +15,12 @@ pub enum Endpoint {
     Completion,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub enum Input {
-    Messages(Vec<ChatMessage>),
-    Text(String),
-    Tokens(Vec<u32>),
-}
-
+/// A request body: the turn it asks for and how it wants the answer.
 #[derive(Debug, Clone)]
 pub struct ParsedRequest {
-    pub endpoint: Endpoint,
-    pub model: ModelRef,
-    pub input: Input,
+    pub turn: Turn,
     pub stream: bool,
     pub include_usage: bool,
-    /// `None`: no logprobs; `Some(n)`: logprobs with the n most likely alternatives.
-    pub logprobs: Option<usize>,
-    pub json_mode: bool,
-    /// `max_tokens` as asked (the context may cut it further).
-    pub max_tokens: Option<usize>,
-    pub params: GenerateParams,
 }
 
 pub const MAX_STOPS: usize = 16;
@@ -154,7 +139,7 @@ pub fn parse_with(
         }
     };
     let input = match endpoint {
-        Endpoint::Chat => Input::Messages(messages(b.get("messages"))?),
+        Endpoint::Chat => Prompt::Messages(messages(b.get("messages"))?),
         Endpoint::Completion => prompt(b.get("prompt"))?,
     };
     if let Some(n) = b.integer("n", i64::MIN, i64::MAX)? {
@@ -252,11 +237,11 @@ pub fn parse_with(
         // Legacy completions: `logprobs` is the number of alternatives (0 to 5).
         Endpoint::Completion => b.integer("logprobs", 0, 5)?.map(|n| n as usize),
     };
-    let json_mode = match b.get("response_format") {
-        None => false,
+    let response_format = match b.get("response_format") {
+        None => ResponseFormat::Text,
         Some(Value::Object(o)) => match o.get("type").and_then(|t| t.as_str()) {
-            Some("text") => false,
-            Some("json_object") => true,
+            Some("text") => ResponseFormat::Text,
+            Some("json_object") => ResponseFormat::JsonObject,
             Some(other) => {
                 return Err(ApiError::invalid(
                     "response_format",
@@ -298,20 +283,16 @@ pub fn parse_with(
         }
     }
     Ok(ParsedRequest {
-        endpoint,
-        model,
-        input,
-        stream,
-        include_usage,
-        logprobs,
-        json_mode,
-        max_tokens,
-        params: GenerateParams {
-            max_tokens: max_tokens.unwrap_or(usize::MAX),
+        turn: Turn {
+            max_tokens,
             sampling,
             stop,
-            ..Default::default()
+            logprobs,
+            response_format,
+            ..Turn::new(model, input)
         },
+        stream,
+        include_usage,
     })
 }
 
@@ -406,7 +387,7 @@ fn messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
         .collect()
 }
 
-fn prompt(v: Option<&Value>) -> Result<Input, ApiError> {
+fn prompt(v: Option<&Value>) -> Result<Prompt, ApiError> {
     let bad = || {
         ApiError::invalid(
             "prompt",
@@ -419,15 +400,15 @@ fn prompt(v: Option<&Value>) -> Result<Input, ApiError> {
             Err(ApiError::invalid("prompt", "`prompt` is required")
                 .code("missing_required_parameter"))
         }
-        Some(Value::String(s)) => Ok(Input::Text(s.clone())),
+        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
         Some(Value::Array(list)) if list.len() == 1 && list[0].is_string() => {
-            Ok(Input::Text(list[0].as_str().unwrap().to_string()))
+            Ok(Prompt::Text(list[0].as_str().unwrap().to_string()))
         }
         Some(Value::Array(list)) if !list.is_empty() && list.iter().all(|t| t.is_u64()) => list
             .iter()
             .map(|t| t.as_u64().filter(|&t| t <= u32::MAX as u64).map(|t| t as u32).ok_or_else(bad))
             .collect::<Result<_, _>>()
-            .map(Input::Tokens),
+            .map(Prompt::Tokens),
         Some(Value::Array(list)) if list.len() > 1 && list.iter().all(|t| t.is_string()) => {
             Err(ApiError::invalid(
                 "prompt",
@@ -509,22 +490,23 @@ mod tests {
     fn good_requests_parse() {
         let r = parse(Endpoint::Chat, br#"{"model":"m","messages":[{"role":"developer","content":[{"type":"text","text":"be brief"}]},{"role":"user","content":"hi"}],"max_tokens":5,"stop":["a","b"],"seed":3,"stream":true,"stream_options":{"include_usage":true},"logprobs":true,"top_logprobs":2,"response_format":{"type":"json_object"},"unknown_field":1}"#).unwrap();
         assert_eq!(
-            r.input,
-            Input::Messages(vec![
+            r.turn.prompt,
+            Prompt::Messages(vec![
                 ChatMessage { role: "system".into(), content: "be brief".into() },
                 ChatMessage { role: "user".into(), content: "hi".into() }
             ])
         );
         assert_eq!(
-            (r.max_tokens, r.params.stop.len(), r.params.sampling.seed),
+            (r.turn.max_tokens, r.turn.stop.len(), r.turn.sampling.seed),
             (Some(5), 2, Some(3))
         );
-        assert!(r.stream && r.include_usage && r.json_mode);
-        assert_eq!(r.logprobs, Some(2));
+        assert!(r.stream && r.include_usage);
+        assert_eq!(r.turn.response_format, ResponseFormat::JsonObject);
+        assert_eq!(r.turn.logprobs, Some(2));
         let r = parse(Endpoint::Completion, br#"{"model":"m","prompt":[1,2,3],"temperature":0}"#)
             .unwrap();
-        assert_eq!(r.input, Input::Tokens(vec![1, 2, 3]));
-        assert_eq!(r.params.sampling.temperature, 0.0);
+        assert_eq!(r.turn.prompt, Prompt::Tokens(vec![1, 2, 3]));
+        assert_eq!(r.turn.sampling.temperature, 0.0);
     }
 
     fn json_value() -> impl Strategy<Value = Value> {

@@ -1,0 +1,375 @@
+//! One user turn, whatever protocol it came in by: arrival, the prompt, lease, gate, the
+//! generation on the MLX thread, and typed events out (docs/runtime.md §1–§3). Protocol
+//! adapters parse a body into a `Turn` and render its `TurnEvent`s; the CLI, benchmarks and
+//! tests run the same path.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use super::engine::{Engine, ModelInfo};
+use super::model_ref::ModelRef;
+use super::observe::LastTurn;
+use super::{GateError, GatePermit, Lease, Policy, UserRequest};
+use crate::decode::sampler::SamplingParams;
+use crate::decode::{
+    context_room, generate_streaming, DraftMode, FinishReason, GenerateParams, Generation,
+    TokenLogprob,
+};
+use crate::error::{EngineError, Result};
+use crate::sync::LockExt;
+use crate::tokenizer::ChatMessage;
+
+/// What the model continues.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    /// Rendered with the model's chat template.
+    Messages(Vec<ChatMessage>),
+    /// Tokenized as is (with the model's start token).
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// Whether a turn uses draft tokens.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum DraftChoice {
+    /// What the model was loaded with (`EngineConfig::draft`).
+    #[default]
+    ModelDefault,
+    Off,
+    Use(DraftMode),
+}
+
+/// The shape of the output.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ResponseFormat {
+    #[default]
+    Text,
+    /// One JSON object (generation ends when it is complete).
+    JsonObject,
+}
+
+/// One request, parsed: everything the runtime needs and nothing about its wire format.
+#[derive(Debug, Clone)]
+pub struct Turn {
+    pub model: ModelRef,
+    pub prompt: Prompt,
+    /// As asked; `EngineConfig::max_tokens_cap` and the context cut it further.
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    /// `Some(n)`: each token's log-probability and the n most likely alternatives.
+    pub logprobs: Option<usize>,
+    pub response_format: ResponseFormat,
+    pub draft: DraftChoice,
+    /// Keep going past end-of-sequence (benchmarks need a fixed length).
+    pub ignore_eos: bool,
+}
+
+impl Turn {
+    pub fn new(model: ModelRef, prompt: Prompt) -> Turn {
+        Turn {
+            model,
+            prompt,
+            max_tokens: None,
+            sampling: SamplingParams::default(),
+            stop: vec![],
+            logprobs: None,
+            response_format: ResponseFormat::Text,
+            draft: DraftChoice::ModelDefault,
+            ignore_eos: false,
+        }
+    }
+}
+
+/// What a running turn reports, in order: deltas, then one `End` or one `Failed`.
+#[derive(Debug)]
+pub enum TurnEvent {
+    /// New text, with the log-probabilities of the tokens it came from (when asked for).
+    Delta {
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
+    End(TurnEnd),
+    /// The generation failed after the turn started.
+    Failed(EngineError),
+}
+
+#[derive(Debug, Clone)]
+pub struct TurnEnd {
+    pub finish_reason: FinishReason,
+    pub usage: Usage,
+    /// Arrival to the first token.
+    pub ttft: Duration,
+    /// The whole generation: its text, tokens, timings and draft statistics.
+    pub generation: Generation,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// What the observer of a turn's end sees (request logs, metrics), before the turn's client
+/// does and before the next turn may start.
+pub struct TurnRecord<'a> {
+    pub model: &'a ModelInfo,
+    pub prompt: &'a [u32],
+    pub result: &'a Result<Generation>,
+    /// Arrival to the first token, when there was one.
+    pub ttft: Option<Duration>,
+}
+
+/// How long rendering and tokenizing one prompt may take before the turn fails (the work is
+/// bounded anyway, by the template's fuel and the body cap).
+pub const PREPARE_DEADLINE: Duration = Duration::from_secs(30);
+
+/// A user who has arrived (docs/runtime.md §1: stamped before anything else is done with
+/// the request); the turn starts from here.
+pub struct Arrival {
+    engine: Arc<Engine>,
+    user: UserRequest,
+    at: Instant,
+}
+
+type OnEnd = Box<dyn FnOnce(&TurnRecord<'_>) + Send>;
+
+impl Arrival {
+    /// A user arrives at `engine` now.
+    pub fn now(engine: &Arc<Engine>) -> Arrival {
+        Arrival { engine: engine.clone(), user: engine.foreground.arrive(), at: Instant::now() }
+    }
+
+    /// A whole turn without a protocol (benchmarks, tests, the CLI): its end, or why it
+    /// failed.
+    pub async fn run(self, turn: Turn) -> Result<TurnEnd> {
+        self.start(turn).await?.finish().await
+    }
+
+    pub async fn start(self, turn: Turn) -> Result<TurnHandle> {
+        self.start_observed(turn, |_| {}).await
+    }
+
+    /// Prepare the prompt (off the async threads, with a deadline), pin the model, wait for
+    /// the gate and start generating. `on_end` runs when the generation ends, before its
+    /// client hears of it.
+    pub async fn start_observed(
+        self,
+        turn: Turn,
+        on_end: impl FnOnce(&TurnRecord<'_>) + Send + 'static,
+    ) -> Result<TurnHandle> {
+        let Arrival { engine, mut user, at } = self;
+        let (info, prompt) = {
+            let (engine, model, prompt) = (engine.clone(), turn.model.clone(), turn.prompt);
+            let work = tokio::task::spawn_blocking(move || {
+                let info = engine.resolve(&model)?;
+                let ids = prompt_tokens(&info, prompt)?;
+                Ok::<_, EngineError>((info, ids))
+            });
+            match tokio::time::timeout(PREPARE_DEADLINE, work).await {
+                Ok(Ok(r)) => r?,
+                Ok(Err(e)) => return Err(EngineError::Internal(format!("preparing failed: {e}"))),
+                Err(_) => return Err(EngineError::PrepareDeadline(PREPARE_DEADLINE.as_secs())),
+            }
+        };
+        // The one clamp: what was asked, the server's cap, and the room the (possibly capped)
+        // context leaves after the prompt.
+        let cap = engine.config.max_tokens_cap.unwrap_or(usize::MAX);
+        let room = context_room(prompt.len(), info.context_length)?;
+        let params = GenerateParams {
+            max_tokens: turn.max_tokens.unwrap_or(usize::MAX).min(cap).min(room),
+            sampling: turn.sampling,
+            stop: turn.stop,
+            ignore_eos: turn.ignore_eos,
+            logprobs: turn.logprobs,
+            json_mode: turn.response_format == ResponseFormat::JsonObject,
+            adapter: info.adapter.clone(),
+            ..Default::default()
+        };
+        // Pin the model (loading it if needed) before queueing for the gate.
+        let lease = engine.lease_model(&info.id).await?;
+        user.queue();
+        let permit = engine.gate.acquire(Policy::WaitForTurn).await.map_err(|e| match e {
+            GateError::QueueFull(n) => EngineError::Busy(n),
+            GateError::Busy => EngineError::Busy(0),
+        })?;
+        user.start();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let handle = TurnHandle {
+            model: info.served_id(),
+            prompt_tokens: prompt.len(),
+            events: rx,
+            cancel: cancel.clone(),
+        };
+        let running = Running {
+            engine,
+            info,
+            prompt,
+            params,
+            draft: turn.draft,
+            held: (permit, lease, user),
+            arrived: at,
+            cancel,
+            on_end: Box::new(on_end),
+        };
+        tokio::task::spawn_blocking(move || running.run(tx));
+        Ok(handle)
+    }
+}
+
+/// The prompt's token ids, checked against the model's vocabulary and context.
+fn prompt_tokens(info: &ModelInfo, prompt: Prompt) -> Result<Vec<u32>> {
+    let tok = &info.tokenizer;
+    let mut ids = match prompt {
+        Prompt::Messages(m) => tok.encode_chat(&m)?,
+        Prompt::Text(t) => tok.encode(&t, true)?,
+        Prompt::Tokens(ids) => {
+            if let Some(&token) = ids.iter().find(|&&t| t as usize >= info.vocab_size) {
+                return Err(EngineError::TokenOutOfVocabulary { token, vocab: info.vocab_size });
+            }
+            ids
+        }
+    };
+    if ids.is_empty() {
+        ids.extend(tok.start_token());
+    }
+    context_room(ids.len(), info.context_length)?;
+    Ok(ids)
+}
+
+/// A started turn: its events, and its cancellation (dropping the handle cancels it; the
+/// generation stops within one step).
+pub struct TurnHandle {
+    /// The id the turn's model is served as (`model` or `model+adapter`).
+    pub model: String,
+    pub prompt_tokens: usize,
+    events: mpsc::UnboundedReceiver<TurnEvent>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl TurnHandle {
+    /// The next event; `None` after the last.
+    pub async fn next(&mut self) -> Option<TurnEvent> {
+        self.events.recv().await
+    }
+
+    /// The flag that cancels this turn (for a server's shutdown).
+    pub fn cancel_flag(&self) -> Arc<AtomicBool> {
+        self.cancel.clone()
+    }
+
+    /// Wait for the end, passing over the deltas.
+    pub async fn finish(mut self) -> Result<TurnEnd> {
+        while let Some(ev) = self.next().await {
+            match ev {
+                TurnEvent::Delta { .. } => {}
+                TurnEvent::End(end) => return Ok(end),
+                TurnEvent::Failed(e) => return Err(e),
+            }
+        }
+        Err(EngineError::Internal("the turn ended without a result".into()))
+    }
+}
+
+impl Drop for TurnHandle {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A turn past the gate, generating on a blocking thread. The permit, the lease and the user
+/// guard live exactly as long as the generation does.
+struct Running {
+    engine: Arc<Engine>,
+    info: ModelInfo,
+    prompt: Vec<u32>,
+    params: GenerateParams,
+    draft: DraftChoice,
+    held: (GatePermit, Lease, UserRequest),
+    arrived: Instant,
+    cancel: Arc<AtomicBool>,
+    on_end: OnEnd,
+}
+
+impl Running {
+    fn run(self, tx: mpsc::UnboundedSender<TurnEvent>) {
+        let Running { engine, info, prompt, mut params, draft, held, arrived, cancel, on_end } =
+            self;
+        let started = Instant::now();
+        params.draft = match draft {
+            DraftChoice::ModelDefault => {
+                engine.with_resident(&info.id, |m| m.info.draft.clone()).unwrap_or_default()
+            }
+            DraftChoice::Off => DraftMode::None,
+            DraftChoice::Use(d) => d,
+        };
+        let pieces = tx.clone();
+        let result = generate(&engine, &info.id, prompt.clone(), params, cancel, move |t, l| {
+            let _ = pieces.send(TurnEvent::Delta { text: t.to_string(), logprobs: l.to_vec() });
+        });
+        let ttft = result.as_ref().ok().map(|g| started - arrived + g.ttft);
+        if let (Ok(g), Some(ttft)) = (&result, ttft) {
+            *engine.last_turn.locked() = Some(LastTurn {
+                model: info.id.clone(),
+                completion_tokens: g.tokens.len(),
+                decode_tok_s: (g.tokens.len() > 1).then(|| g.decode_tokens_per_sec()),
+                ttft_s: ttft.as_secs_f64(),
+            });
+        }
+        on_end(&TurnRecord { model: &info, prompt: &prompt, result: &result, ttft });
+        // The turn has ended for the engine before its client can see it end: the next one
+        // may start, and /health already counts this one.
+        drop(held);
+        let _ = tx.send(match result {
+            Ok(g) => TurnEvent::End(TurnEnd {
+                finish_reason: g.finish_reason,
+                usage: Usage { prompt_tokens: prompt.len(), completion_tokens: g.tokens.len() },
+                ttft: ttft.unwrap_or_default(),
+                generation: g,
+            }),
+            Err(e) => TurnEvent::Failed(e),
+        });
+    }
+}
+
+/// Generate with resident model `id` on the MLX thread and wait: one user turn, reported to
+/// the observer (the training receipt, docs/training.md). The caller holds a lease on `id`
+/// and the gate.
+fn generate(
+    engine: &Engine,
+    id: &str,
+    prompt: Vec<u32>,
+    params: GenerateParams,
+    cancel: Arc<AtomicBool>,
+    mut on_piece: impl FnMut(&str, &[TokenLogprob]) + Send + 'static,
+) -> Result<Generation> {
+    let warm = engine.with_resident(id, |m| {
+        m.last_used = Instant::now();
+        m.mtp_warm.clone()
+    });
+    let owned = id.to_string();
+    // The turn starts before the MLX thread takes it: a window running now delays it.
+    let mark = engine.observer().map(|o| o.turn_begin());
+    let g = engine.mlx.run(move |w| {
+        let model = w.attach(&owned, params.adapter.as_ref())?;
+        // The adapter applies to this generation only; background work never sees it.
+        let g = generate_streaming(model, &prompt, &params, Some(&cancel), &mut on_piece);
+        model.adapter = None;
+        g
+    })?;
+    if let Some(mark) = mark {
+        mark.finish(g.tokens.len(), g.finished_at);
+    }
+    // A real MTP generation pays the cold costs a skipped load-time warmup left.
+    if g.draft.as_ref().is_some_and(|d| d.mode == "mtp") {
+        if let Some(w) = warm {
+            w.store(true, Ordering::SeqCst);
+        }
+    }
+    Ok(g)
+}

@@ -1,0 +1,192 @@
+//! The server's side of one turn, shared by every protocol: the arrival stamped first, the
+//! body read and parsed off the async threads, the turn started, its cancellation registered
+//! for shutdown, and its end counted in the metrics and the request log. A protocol adapter
+//! brings a parse function and renders the turn's events.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::http::StatusCode;
+
+use super::error::ApiError;
+use super::request_log::RequestRecord;
+use super::App;
+use crate::config::SamplingDefaults;
+use crate::decode::FinishReason;
+use crate::runtime::turn::TurnRecord;
+use crate::runtime::{Arrival, Turn, TurnHandle};
+use crate::sync::LockExt;
+
+/// An endpoint as the exchange sees it.
+pub(super) struct Route {
+    /// Its name in the metrics and the request log.
+    pub name: &'static str,
+    /// Response ids are `{id_prefix}-{n}`.
+    pub id_prefix: &'static str,
+    /// The field a prompt error names (`messages`, `prompt`).
+    pub prompt_param: &'static str,
+}
+
+/// A body parsed into a turn, with what the protocol needs to render it (`wire`).
+pub(super) struct Parsed<P> {
+    pub turn: Turn,
+    pub stream: bool,
+    pub wire: P,
+}
+
+/// A started turn and the protocol's own options for rendering it.
+pub(super) struct Exchange<P> {
+    pub id: String,
+    pub handle: TurnHandle,
+    pub stream: bool,
+    pub wire: P,
+    /// While the exchange lives, shutdown can cancel its turn.
+    _in_flight: InFlight,
+}
+
+pub(super) fn unix_now() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The finish reason as OpenAI, the request log and the metrics name it (a cancelled turn
+/// stopped).
+pub(super) fn finish_name(f: FinishReason) -> &'static str {
+    match f {
+        FinishReason::Length => "length",
+        FinishReason::Stop | FinishReason::Cancelled => "stop",
+    }
+}
+
+/// The body's bytes, or the protocol-neutral error for a body that could not be read.
+fn body_bytes(app: &App, body: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
+    body.map_err(|r| match r.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("The body is larger than {} bytes", app.config.max_body_bytes),
+        )
+        .code("request_too_large"),
+        s => ApiError::new(s, "invalid_request_error", r.body_text()),
+    })
+}
+
+/// Start one turn: everything between the route and the first event.
+pub(super) async fn start<P: Send + 'static>(
+    app: &Arc<App>,
+    route: &'static Route,
+    body: Result<Bytes, BytesRejection>,
+    parse: impl FnOnce(&[u8], &SamplingDefaults) -> Result<Parsed<P>, ApiError> + Send + 'static,
+) -> Result<Exchange<P>, ApiError> {
+    // docs/runtime.md §1: stamp the arrival before anything else.
+    let arrival = Arrival::now(&app.engine);
+    let n = app.next_id();
+    let id = format!("{}-{n}", route.id_prefix);
+    let failed = |model: &str, stream: bool, e: ApiError| {
+        app.metrics.request(route.name, e.status.as_u16());
+        app.metrics.error(e.label());
+        if let Some(log) = &app.log {
+            log.write(&RequestRecord {
+                id: id.clone(),
+                time_unix: unix_now(),
+                endpoint: route.name.into(),
+                model: model.into(),
+                stream,
+                status: e.status.as_u16(),
+                error: Some(e.message.clone()),
+                ..Default::default()
+            });
+        }
+        e
+    };
+    let bytes = body_bytes(app, body).map_err(|e| failed("", false, e))?;
+    // Parsing is CPU work on untrusted input: off the async threads, so /health and other
+    // requests keep answering whatever a body holds.
+    let defaults = *app.sampling.locked();
+    let parsed = tokio::task::spawn_blocking(move || parse(&bytes, &defaults))
+        .await
+        .unwrap_or_else(|e| {
+            Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                format!("parsing the request failed: {e}"),
+            ))
+        })
+        .map_err(|e| failed("", false, e))?;
+    let Parsed { turn, stream, wire } = parsed;
+    let model = turn.model.to_string();
+    let on_end = {
+        let (app, id) = (app.clone(), id.clone());
+        move |r: &TurnRecord<'_>| ended(&app, route, id, stream, r)
+    };
+    let handle = arrival
+        .start_observed(turn, on_end)
+        .await
+        .map_err(|e| failed(&model, stream, ApiError::engine(&e, route.prompt_param)))?;
+    let in_flight = InFlight::register(app, n, handle.cancel_flag());
+    Ok(Exchange { id, handle, stream, wire, _in_flight: in_flight })
+}
+
+/// A turn's end, in the metrics and the request log (on the generation's thread, before
+/// its client hears of it).
+fn ended(app: &App, route: &Route, id: String, stream: bool, r: &TurnRecord<'_>) {
+    let mut rec = RequestRecord {
+        id,
+        time_unix: unix_now(),
+        endpoint: route.name.into(),
+        model: r.model.served_id(),
+        stream,
+        prompt_tokens: r.prompt.len(),
+        ..Default::default()
+    };
+    match r.result {
+        Ok(g) => {
+            let ttft = r.ttft.unwrap_or_default().as_secs_f64();
+            let decode = (g.tokens.len() > 1).then(|| g.decode_tokens_per_sec());
+            app.metrics.request(route.name, 200);
+            app.metrics.generation(g.prompt_tokens, g.tokens.len(), ttft, decode);
+            rec.status = 200;
+            rec.completion_tokens = g.tokens.len();
+            rec.ttft_s = Some(ttft);
+            rec.prefill_tok_s = Some(g.prefill_tokens_per_sec());
+            rec.decode_tok_s = decode;
+            rec.finish_reason = Some(finish_name(g.finish_reason).into());
+            rec.draft = g.draft.clone();
+            if app.log.as_ref().is_some_and(|l| l.with_text) {
+                rec.prompt = r.model.tokenizer.decode(r.prompt).ok();
+                rec.completion = Some(g.text.clone());
+            }
+        }
+        Err(e) => {
+            let e = ApiError::engine(e, route.prompt_param);
+            app.metrics.request(route.name, e.status.as_u16());
+            app.metrics.error(e.label());
+            rec.status = e.status.as_u16();
+            rec.error = Some(e.message.clone());
+        }
+    }
+    if let Some(log) = &app.log {
+        log.write(&rec);
+    }
+}
+
+/// A turn's cancel flag in the app's registry, for shutdown; removed when the exchange ends.
+struct InFlight {
+    app: Arc<App>,
+    n: u64,
+}
+
+impl InFlight {
+    fn register(app: &Arc<App>, n: u64, cancel: Arc<AtomicBool>) -> InFlight {
+        app.in_flight.locked().insert(n, cancel);
+        InFlight { app: app.clone(), n }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.app.in_flight.locked().remove(&self.n);
+    }
+}

@@ -1,0 +1,207 @@
+//! A turn's events in OpenAI's wire format: one JSON body, or server-sent chunks ending in
+//! `[DONE]`.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream::{self, Stream};
+use serde_json::{json, Value};
+
+use super::request::Endpoint;
+use super::Wire;
+use crate::decode::TokenLogprob;
+use crate::error::EngineError;
+use crate::runtime::{TurnEvent, Usage};
+use crate::server::error::ApiError;
+use crate::server::exchange::{finish_name, unix_now, Exchange};
+
+fn usage(u: Usage) -> Value {
+    json!({"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.prompt_tokens + u.completion_tokens})
+}
+
+fn error_of(endpoint: Endpoint, e: &EngineError) -> ApiError {
+    ApiError::engine(e, if endpoint == Endpoint::Chat { "messages" } else { "prompt" })
+}
+
+fn no_result() -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        "the generation ended without a result",
+    )
+}
+
+fn chat_logprobs(lps: &[TokenLogprob]) -> Value {
+    let entry = |token: &str, logprob: f32| json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()});
+    json!({"content": lps.iter().map(|t| {
+        let mut e = entry(&t.text, t.logprob);
+        e["top_logprobs"] = t.top.iter().map(|a| entry(&a.text, a.logprob)).collect();
+        e
+    }).collect::<Vec<_>>()})
+}
+
+fn completion_logprobs(lps: &[TokenLogprob], offset0: usize) -> Value {
+    let mut offset = offset0;
+    let mut offsets = vec![];
+    for t in lps {
+        offsets.push(offset);
+        offset += t.text.len();
+    }
+    json!({
+        "tokens": lps.iter().map(|t| &t.text).collect::<Vec<_>>(),
+        "token_logprobs": lps.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+        "top_logprobs": lps.iter().map(|t| t.top.iter().map(|a| (a.text.clone(), json!(a.logprob))).collect::<serde_json::Map<_, _>>()).collect::<Vec<_>>(),
+        "text_offset": offsets,
+    })
+}
+
+/// The whole answer as one JSON body.
+pub(super) async fn collect(mut x: Exchange<Wire>) -> Response {
+    let created = unix_now() as u64;
+    let Wire { endpoint, logprobs, .. } = x.wire;
+    let mut lps = Vec::new();
+    while let Some(ev) = x.handle.next().await {
+        let end = match ev {
+            TurnEvent::Delta { logprobs, .. } => {
+                lps.extend(logprobs);
+                continue;
+            }
+            TurnEvent::Failed(e) => return error_of(endpoint, &e).into_response(),
+            TurnEvent::End(end) => end,
+        };
+        let (id, model) = (&x.id, &x.handle.model);
+        let finish = finish_name(end.finish_reason);
+        let text = end.generation.text;
+        let body = match endpoint {
+            Endpoint::Chat => json!({
+                "id": id, "object": "chat.completion", "created": created, "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "logprobs": if logprobs { chat_logprobs(&lps) } else { Value::Null }, "finish_reason": finish}],
+                "usage": usage(end.usage),
+            }),
+            Endpoint::Completion => json!({
+                "id": id, "object": "text_completion", "created": created, "model": model,
+                "choices": [{"index": 0, "text": text,
+                             "logprobs": if logprobs { completion_logprobs(&lps, 0) } else { Value::Null }, "finish_reason": finish}],
+                "usage": usage(end.usage),
+            }),
+        };
+        return Json(body).into_response();
+    }
+    no_result().into_response()
+}
+
+struct SseState {
+    x: Exchange<Wire>,
+    created: u64,
+    queue: VecDeque<Event>,
+    started: bool,
+    done: bool,
+    text_offset: usize,
+}
+
+impl SseState {
+    fn object(&self) -> &'static str {
+        match self.x.wire.endpoint {
+            Endpoint::Chat => "chat.completion.chunk",
+            Endpoint::Completion => "text_completion",
+        }
+    }
+
+    fn chunk(&self, delta: Value, finish: Option<&str>, lps: Option<Value>) -> Event {
+        let choice = match self.x.wire.endpoint {
+            Endpoint::Chat => {
+                json!({"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish})
+            }
+            Endpoint::Completion => {
+                json!({"index": 0, "text": delta.get("content").cloned().unwrap_or(json!("")), "logprobs": lps, "finish_reason": finish})
+            }
+        };
+        let mut body = json!({"id": self.x.id, "object": self.object(), "created": self.created, "model": self.x.handle.model, "choices": [choice]});
+        if self.x.wire.include_usage {
+            body["usage"] = Value::Null;
+        }
+        Event::default().data(body.to_string())
+    }
+
+    fn lp_value(&mut self, lps: &[TokenLogprob]) -> Option<Value> {
+        if !self.x.wire.logprobs {
+            return None;
+        }
+        Some(match self.x.wire.endpoint {
+            Endpoint::Chat => chat_logprobs(lps),
+            Endpoint::Completion => completion_logprobs(lps, self.text_offset),
+        })
+    }
+
+    fn on(&mut self, ev: Option<TurnEvent>) {
+        match ev {
+            Some(TurnEvent::Delta { text, logprobs }) => {
+                let lp = self.lp_value(&logprobs);
+                self.text_offset += logprobs.iter().map(|t| t.text.len()).sum::<usize>();
+                let ev = self.chunk(json!({"content": text}), None, lp);
+                self.queue.push_back(ev);
+            }
+            Some(TurnEvent::End(end)) => {
+                let ev = self.chunk(json!({}), Some(finish_name(end.finish_reason)), None);
+                self.queue.push_back(ev);
+                if self.x.wire.include_usage {
+                    let body = json!({"id": self.x.id, "object": self.object(), "created": self.created, "model": self.x.handle.model, "choices": [], "usage": usage(end.usage)});
+                    self.queue.push_back(Event::default().data(body.to_string()));
+                }
+                self.finish();
+            }
+            Some(TurnEvent::Failed(e)) => {
+                let e = error_of(self.x.wire.endpoint, &e);
+                self.queue.push_back(Event::default().data(e.body().to_string()));
+                self.finish();
+            }
+            None => {
+                self.queue.push_back(Event::default().data(no_result().body().to_string()));
+                self.finish();
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        self.queue.push_back(Event::default().data("[DONE]"));
+        self.done = true;
+    }
+}
+
+/// The answer as server-sent events: a role chunk (chat), content chunks, a finish chunk,
+/// the usage chunk when asked for, `[DONE]`.
+pub(super) fn sse(x: Exchange<Wire>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let state = SseState {
+        x,
+        created: unix_now() as u64,
+        queue: VecDeque::new(),
+        started: false,
+        done: false,
+        text_offset: 0,
+    };
+    let events = stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(ev) = s.queue.pop_front() {
+                return Some((Ok(ev), s));
+            }
+            if s.done {
+                return None;
+            }
+            if !s.started {
+                s.started = true;
+                if s.x.wire.endpoint == Endpoint::Chat {
+                    let ev = s.chunk(json!({"role": "assistant", "content": ""}), None, None);
+                    return Some((Ok(ev), s));
+                }
+            }
+            let ev = s.x.handle.next().await;
+            s.on(ev);
+        }
+    });
+    Sse::new(events).keep_alive(KeepAlive::default())
+}

@@ -1,0 +1,82 @@
+//! Perch's own endpoints beside the protocols: `/health` and `/metrics` for tools to read,
+//! the OpenAPI description, and the JSON answers for unknown routes and methods.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::openai::model_list;
+use super::App;
+
+pub async fn health(State(app): State<Arc<App>>) -> Response {
+    let e = &app.engine;
+    let fg = e.foreground.snapshot();
+    let resident = e.resident_snapshot();
+    let mem = |r: mlx_rs::error::Result<usize>| r.ok().map(|v| v as u64);
+    Json(json!({
+        "status": "ok",
+        "uptime_s": e.started.elapsed().as_secs_f64(),
+        "foreground_active": fg.foreground_active,
+        "foreground_queued": fg.foreground_queued,
+        "foreground_arriving": fg.foreground_arriving,
+        "seconds_since_last_request": fg.seconds_since_last_request,
+        "seconds_since_last_arrival": fg.seconds_since_last_arrival,
+        "requests_completed": fg.requests_completed,
+        "gate": e.gate.snapshot(),
+        "model": resident.last(),
+        "models": resident,
+        "draft": e.config.draft,
+        "leases": {"total": e.leases.total(), "by_model": e.leases.snapshot()},
+        "mtp": resident.last().map(|m| json!({"present": m.mtp, "warm": m.mtp_warm, "load_time_warmup": m.load_time_warmup})),
+        "warmup_ladder": e.ladder_status(),
+        "last_request": e.last_turn(),
+        "memory": {
+            "active_bytes": mem(mlx_rs::memory::active_memory()),
+            "cache_bytes": mem(mlx_rs::memory::cache_memory()),
+            "peak_bytes": mem(mlx_rs::memory::peak_memory()),
+            "rss_peak_bytes": crate::platform::peak_rss_bytes(),
+        },
+    }))
+    .into_response()
+}
+
+pub async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let gate = app.engine.gate.snapshot();
+    let body = app.metrics.render(gate.waiting, app.engine.foreground.snapshot().foreground_active);
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
+}
+
+/// The OpenAPI description, with the models this server has as the `model` enum.
+pub async fn openapi(State(app): State<Arc<App>>) -> Response {
+    let mut doc: Value =
+        serde_json::from_str(include_str!("openapi.json")).expect("openapi.json is valid JSON");
+    let ids: Vec<Value> = model_list(&app).into_iter().map(|m| m["id"].clone()).collect();
+    doc["components"]["schemas"]["Sampling"]["properties"]["model"]["enum"] = Value::Array(ids);
+    doc["servers"] = json!([{"url": format!("http://{}:{}", app.config.host, app.config.port)}]);
+    Json(doc).into_response()
+}
+
+pub async fn not_found() -> Response {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found_error",
+        "No such endpoint (see GET /openapi.json)",
+    )
+    .code("unknown_url")
+    .into_response()
+}
+
+pub async fn method_not_allowed() -> Response {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "Method not allowed for this endpoint",
+    )
+    .code("method_not_allowed")
+    .into_response()
+}
