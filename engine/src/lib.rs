@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod catalog;
+pub mod chat;
 pub mod config;
 pub mod decode;
 pub mod download;
@@ -23,4 +24,4 @@ pub mod train;
 pub use decode::sampler::SamplingParams;
 pub use decode::{generate, FinishReason, GenerateParams, Generation};
 pub use error::{EngineError, Result};
-pub use model::{load_model, LoadedModel};
+pub use model::{load_model, load_model_as, LoadedModel};

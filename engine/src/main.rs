@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use perch_engine::chat::ChatMessage;
 use perch_engine::model;
 use perch_engine::paths::{models_dir, DEFAULT_MODEL_ID};
-use perch_engine::tokenizer::ChatMessage;
 use perch_engine::{bench, SamplingParams};
 
 #[derive(Parser)]

@@ -3,24 +3,57 @@
 
 use mlx_rs::Dtype;
 
-/// The dtype activations and dense weights are computed in.
-///
-/// On Apple Silicon the file's dtype (bf16/f16) is fastest. On the Linux CPU backend MLX's
-/// bf16 and f16 kernels bypass BLAS and are ~40x slower than f32 over OpenBLAS
-/// (shared/MEASUREMENTS.md), so we widen to f32 at load. `PERCH_DTYPE=f32|bf16|f16|native`
-/// overrides the choice.
-pub fn compute_dtype(file_dtype: Dtype) -> Dtype {
-    match std::env::var("PERCH_DTYPE").ok().as_deref() {
-        Some("f32") | Some("float32") => return Dtype::Float32,
-        Some("bf16") | Some("bfloat16") => return Dtype::Bfloat16,
-        Some("f16") | Some("float16") => return Dtype::Float16,
-        Some("native") => return file_dtype,
-        _ => {}
+/// The dtype activations and dense weights are computed in, as chosen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ComputeDtype {
+    /// The platform's best (below), unless `PERCH_DTYPE=f32|bf16|f16|native` says otherwise.
+    #[default]
+    Auto,
+    F32,
+    Bf16,
+    F16,
+    /// The weights file's own dtype.
+    Native,
+}
+
+impl std::str::FromStr for ComputeDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "auto" => ComputeDtype::Auto,
+            "f32" | "float32" => ComputeDtype::F32,
+            "bf16" | "bfloat16" => ComputeDtype::Bf16,
+            "f16" | "float16" => ComputeDtype::F16,
+            "native" => ComputeDtype::Native,
+            other => {
+                return Err(format!("`{other}` is not a dtype (auto, f32, bf16, f16, native)"))
+            }
+        })
     }
-    if cfg!(target_os = "macos") {
-        file_dtype
-    } else {
-        Dtype::Float32
+}
+
+impl ComputeDtype {
+    /// The dtype for weights stored as `file_dtype`.
+    ///
+    /// On Apple Silicon the file's dtype (bf16/f16) is fastest. On the Linux CPU backend MLX's
+    /// bf16 and f16 kernels bypass BLAS and are ~40x slower than f32 over OpenBLAS
+    /// (shared/MEASUREMENTS.md), so `Auto` widens to f32 at load there.
+    pub fn resolve(self, file_dtype: Dtype) -> Dtype {
+        let choice = match self {
+            ComputeDtype::Auto => std::env::var("PERCH_DTYPE")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(ComputeDtype::Auto),
+            explicit => explicit,
+        };
+        match choice {
+            ComputeDtype::F32 => Dtype::Float32,
+            ComputeDtype::Bf16 => Dtype::Bfloat16,
+            ComputeDtype::F16 => Dtype::Float16,
+            ComputeDtype::Native => file_dtype,
+            ComputeDtype::Auto if cfg!(target_os = "macos") => file_dtype,
+            ComputeDtype::Auto => Dtype::Float32,
+        }
     }
 }
 

@@ -1,25 +1,18 @@
-//! Tokenizer (`tokenizer.json`), chat template (`tokenizer_config.json`, rendered with
-//! minijinja), end-of-sequence ids, and a streaming detokenizer.
+//! Tokenizer (`tokenizer.json`), the model's chat template (`tokenizer_config.json`; rendered
+//! by `chat::template`), end-of-sequence ids, and a streaming detokenizer.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use serde::Serialize;
 use serde_json::Value;
 
+use crate::chat::{ChatMessage, ChatTemplate};
 use crate::error::{EngineError, Result};
-
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
-pub struct ChatMessage {
-    pub role: String,
-    pub content: String,
-}
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
-    chat_template: Option<String>,
+    chat_template: Option<ChatTemplate>,
     bos_token: Option<String>,
-    eos_token: Option<String>,
     /// Every id that ends a generation: config.json, generation_config.json and the
     /// tokenizer's own eos token.
     eos_ids: BTreeSet<u32>,
@@ -56,6 +49,11 @@ impl Tokenizer {
         .or_else(|| std::fs::read_to_string(dir.join("chat_template.jinja")).ok());
         let bos_token = token_text(tc.get("bos_token"));
         let eos_token = token_text(tc.get("eos_token"));
+        let chat_template = chat_template.map(|source| ChatTemplate {
+            source,
+            bos_token: bos_token.clone().unwrap_or_default(),
+            eos_token: eos_token.clone().unwrap_or_default(),
+        });
 
         let mut eos_ids: BTreeSet<u32> = config_eos.iter().copied().collect();
         if let Some(ids) = gen.get("eos_token_id") {
@@ -70,7 +68,7 @@ impl Tokenizer {
         if let Some(id) = eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
             eos_ids.insert(id);
         }
-        Ok(Tokenizer { inner, chat_template, bos_token, eos_token, eos_ids })
+        Ok(Tokenizer { inner, chat_template, bos_token, eos_ids })
     }
 
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
@@ -113,52 +111,10 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
-        let template = self
-            .chat_template
-            .as_deref()
-            .ok_or_else(|| EngineError::Template("this model has no chat template".into()))?;
-        let mut env = minijinja::Environment::new();
-        minijinja_contrib::add_to_environment(&mut env);
-        // Hugging Face templates call Python string methods (.strip(), .startswith(), ...).
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> std::result::Result<String, minijinja::Error> {
-                Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-            },
-        );
-        env.add_function("strftime_now", |fmt: String| -> String {
-            // Templates use this for "today's date" in system prompts; a fixed-format UTC date.
-            let _ = fmt;
-            let days = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs() / 86_400)
-                .unwrap_or(0);
-            civil_date(days as i64)
-        });
-        // Templates come with downloaded models: bound the work (every instruction costs fuel;
-        // real templates spend a few thousand per message) and the text they write.
-        env.set_fuel(Some(TEMPLATE_FUEL));
-        env.add_template("chat", template).map_err(|e| EngineError::Template(e.to_string()))?;
-        let ctx = minijinja::context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos_token.clone().unwrap_or_default(),
-            eos_token => self.eos_token.clone().unwrap_or_default(),
-        };
-        let mut out = CappedWriter(Vec::new());
-        env.get_template("chat")
-            .and_then(|t| t.render_captured_to(ctx, &mut out).map(drop))
-            .map_err(|e| match e.kind() {
-                minijinja::ErrorKind::OutOfFuel => EngineError::Template(format!(
-                    "the template ran past its budget of {TEMPLATE_FUEL} steps"
-                )),
-                minijinja::ErrorKind::WriteFailure => EngineError::Template(format!(
-                    "the template wrote more than {TEMPLATE_MAX_OUTPUT} bytes"
-                )),
-                _ => EngineError::Template(e.to_string()),
-            })?;
-        String::from_utf8(out.0).map_err(|e| EngineError::Template(e.to_string()))
+        self.chat_template
+            .as_ref()
+            .ok_or_else(|| EngineError::Template("this model has no chat template".into()))?
+            .render(messages, add_generation_prompt)
     }
 
     /// Tokens for a chat: the rendered template already holds any BOS text, so special tokens
@@ -182,22 +138,6 @@ fn read_json_if_exists(path: &Path) -> Result<Value> {
     let text = std::fs::read_to_string(path).map_err(EngineError::io(path))?;
     serde_json::from_str(&text)
         .map_err(|e| EngineError::Config { file: path.to_path_buf(), msg: e.to_string() })
-}
-
-/// "26 Nov 2026" from days since the Unix epoch (Howard Hinnant's civil-from-days).
-fn civil_date(days: i64) -> String {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    const MONTHS: [&str; 12] =
-        ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
-    format!("{d:02} {} {y}", MONTHS[(m - 1) as usize])
 }
 
 /// Turns a stream of token ids into text pieces that are always whole UTF-8 and never held
@@ -251,27 +191,5 @@ impl StreamDecoder {
 impl Default for StreamDecoder {
     fn default() -> Self {
         Self::new()
-    }
-}
-
-/// Instructions a chat template may run per render (minijinja fuel): thousands of messages'
-/// worth for real templates, a fraction of a second of work.
-const TEMPLATE_FUEL: u64 = 20_000_000;
-/// Bytes a chat template may write per render: far past any context window's text.
-const TEMPLATE_MAX_OUTPUT: usize = 64 << 20;
-
-/// A writer that refuses to grow past `TEMPLATE_MAX_OUTPUT`.
-struct CappedWriter(Vec<u8>);
-
-impl std::io::Write for CappedWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if self.0.len() + buf.len() > TEMPLATE_MAX_OUTPUT {
-            return Err(std::io::Error::other("template output too large"));
-        }
-        self.0.extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }

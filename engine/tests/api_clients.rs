@@ -7,10 +7,9 @@ mod common;
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::Arc;
 
 use common::*;
-use perch_engine::runtime::{Engine, EngineConfig};
+use perch_engine::runtime::EngineConfig;
 use perch_engine::server::{ServeConfig, Server};
 
 fn root() -> PathBuf {
@@ -34,25 +33,16 @@ fn venv() -> Option<PathBuf> {
     Some(python)
 }
 
-async fn serve(config: ServeConfig, max_queue: usize) -> Server {
-    serve_capped(config, max_queue, None).await
-}
-
-async fn serve_capped(config: ServeConfig, max_queue: usize, cap: Option<usize>) -> Server {
-    std::env::set_var("PERCH_DTYPE", "f32");
-    let models_dir = fixture_dir("qwen3").parent().unwrap().to_path_buf();
-    // Drafts on (prompt lookup for this model): the clients must not be able to tell.
-    let engine = Engine::start(EngineConfig {
-        models_dir,
-        model: "qwen3".into(),
+/// The fixture `qwen3` served with drafts on (prompt lookup for this model): the clients must
+/// not be able to tell.
+async fn start(config: ServeConfig, max_queue: usize, cap: Option<usize>) -> Server {
+    let engine = EngineConfig {
         draft: "auto".into(),
         max_queue,
         max_tokens_cap: cap,
-        ladder: perch_engine::runtime::LadderConfig::profile("off").unwrap(),
-        ..Default::default()
-    })
-    .unwrap();
-    Server::start(Arc::new(engine), ServeConfig { port: 0, ..config }).await.unwrap()
+        ..engine_config(&fixtures_models(), "qwen3")
+    };
+    serve(engine, config).await
 }
 
 async fn run(program: PathBuf, args: Vec<String>) -> (bool, String) {
@@ -73,7 +63,7 @@ async fn run(program: PathBuf, args: Vec<String>) -> (bool, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_client_works_unchanged() {
     let Some(python) = venv() else { return };
-    let s = serve(ServeConfig::default(), 8).await;
+    let s = start(ServeConfig::default(), 8, None).await;
     let script = root().join("tests/api/openai_client.py").display().to_string();
     let (ok, out) = run(python, vec![script, format!("{}/v1", s.url()), "qwen3".into()]).await;
     println!("{out}");
@@ -187,7 +177,7 @@ async fn sixteen_streaming_clients_complete_or_get_429() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_no_server_errors_and_no_schema_violations() {
     let Some(python) = venv() else { return };
-    let s = serve_capped(ServeConfig::default(), 8, Some(16)).await;
+    let s = start(ServeConfig::default(), 8, Some(16)).await;
     let schemathesis = python.with_file_name("schemathesis");
     let args = [
         "run",

@@ -57,8 +57,8 @@ async fn a_full_download_installs_a_model_that_loads() {
     let dir = models.path().join("tiny-qwen3");
     same_as_fixture(&dir);
     assert!(!models.path().join(".downloads/perch-test--tiny-qwen3").exists());
-    std::env::set_var("PERCH_DTYPE", "f32");
-    perch_engine::load_model(&dir).expect("the downloaded model loads");
+    perch_engine::load_model_as(&dir, perch_engine::platform::ComputeDtype::F32)
+        .expect("the downloaded model loads");
     // Downloading it again is refused rather than overwriting it.
     assert!(d
         .start(REPO, None, &url, models.path())

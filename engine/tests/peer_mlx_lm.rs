@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use common::*;
-use perch_engine::tokenizer::ChatMessage;
+use perch_engine::chat::ChatMessage;
 use perch_engine::{generate, GenerateParams};
 
 const PEER: &str = r#"

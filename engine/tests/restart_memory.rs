@@ -56,33 +56,14 @@ async fn restarting_the_engine_does_not_grow_memory() {
     }
     let url = sup.url();
     let chat = json!({"model": "gemma-3-270m", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4});
-    let client = reqwest::Client::new();
-    assert_eq!(
-        client
-            .post(format!("{url}/v1/chat/completions"))
-            .json(&chat)
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(post(&url, "/v1/chat/completions", chat.clone()).await.0, 200);
     let start = rss_mb();
     let mut after = vec![];
     for i in 1..=4u64 {
         settings.draft = if i % 2 == 1 { "lookup".into() } else { "none".into() };
         assert!(sup.save(settings.clone()).await.unwrap(), "a draft change restarts");
         assert!(wait(&sup, i), "{:?}", sup.status());
-        assert_eq!(
-            client
-                .post(format!("{url}/v1/chat/completions"))
-                .json(&chat)
-                .send()
-                .await
-                .unwrap()
-                .status(),
-            200
-        );
+        assert_eq!(post(&url, "/v1/chat/completions", chat.clone()).await.0, 200);
         after.push(rss_mb());
     }
     println!("RSS after start: {start:.0} MB; after each of 4 restarts: {after:.0?} MB");

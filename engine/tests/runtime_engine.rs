@@ -13,14 +13,7 @@ use perch_engine::runtime::{
 };
 
 fn config(ladder: LadderConfig) -> EngineConfig {
-    std::env::set_var("PERCH_DTYPE", "f32");
-    EngineConfig {
-        models_dir: fixture_dir("qwen3").parent().unwrap().to_path_buf(),
-        model: "qwen3".into(),
-        draft: "none".into(),
-        ladder,
-        ..Default::default()
-    }
+    EngineConfig { ladder, ..engine_config(&fixtures_models(), "qwen3") }
 }
 
 /// These tests time things and each runs its own engine: one at a time, so they do not

@@ -9,42 +9,19 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use futures_util::StreamExt;
+use perch_engine::chat::ChatMessage;
 use perch_engine::runtime::{Engine, EngineConfig};
 use perch_engine::server::{ServeConfig, ServeError, Server};
-use perch_engine::tokenizer::ChatMessage;
 use perch_engine::{generate, GenerateParams};
 use serde_json::{json, Value};
 
-fn fixtures_dir() -> std::path::PathBuf {
-    fixture_dir("qwen3").parent().unwrap().to_path_buf()
-}
-
+/// The fixture `qwen3` served with `config`, at most `max_queue` requests waiting.
 async fn start_with(config: ServeConfig, max_queue: usize) -> Server {
-    std::env::set_var("PERCH_DTYPE", "f32");
-    let engine = Engine::start(EngineConfig {
-        models_dir: fixtures_dir(),
-        model: "qwen3".into(),
-        draft: "none".into(),
-        max_queue,
-        ladder: perch_engine::runtime::LadderConfig::profile("off").unwrap(),
-        ..Default::default()
-    })
-    .unwrap();
-    Server::start(Arc::new(engine), ServeConfig { port: 0, ..config }).await.unwrap()
+    serve(EngineConfig { max_queue, ..engine_config(&fixtures_models(), "qwen3") }, config).await
 }
 
 async fn start() -> Server {
     start_with(ServeConfig::default(), 8).await
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::new()
-}
-
-async fn post(s: &Server, path: &str, body: Value) -> (u16, Value) {
-    let r = client().post(format!("{}{path}", s.url())).json(&body).send().await.unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
 }
 
 fn chat_body(extra: Value) -> Value {
@@ -370,14 +347,7 @@ async fn host_origin_and_key_guards() {
     s.shutdown().await;
 
     // Anything but loopback needs a key.
-    let engine = Engine::start(EngineConfig {
-        models_dir: fixtures_dir(),
-        model: "qwen3".into(),
-        draft: "none".into(),
-        max_queue: 1,
-        ..Default::default()
-    })
-    .unwrap();
+    let engine = Engine::start(engine_config(&fixtures_models(), "qwen3")).unwrap();
     let err = Server::start(
         Arc::new(engine),
         ServeConfig { host: "0.0.0.0".into(), port: 0, ..Default::default() },

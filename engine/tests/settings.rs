@@ -21,7 +21,6 @@ struct Setup {
 }
 
 fn setup() -> Setup {
-    std::env::set_var("PERCH_DTYPE", "f32");
     let tmp = tempfile::tempdir().unwrap();
     let models = tmp.path().join("models");
     for (name, id) in [("qwen3", "chat"), (MTP_FIXTURE, "mtp")] {
@@ -63,22 +62,8 @@ async fn running(s: &Setup) -> Arc<Supervisor> {
     sup
 }
 
-async fn get(url: &str) -> (u16, Value) {
-    let r = reqwest::get(url).await.unwrap();
-    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-}
-
-async fn send(method: reqwest::Method, url: &str, body: Value) -> (u16, Value) {
-    let r = reqwest::Client::new().request(method, url).json(&body).send().await.unwrap();
-    (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-}
-
 async fn chat(url: &str) -> (u16, Value) {
-    send(
-        reqwest::Method::POST,
-        &format!("{url}/v1/chat/completions"),
-        json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
-    )
+    call(url, reqwest::Method::POST, "/v1/chat/completions", Some(json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})))
     .await
 }
 
@@ -88,13 +73,13 @@ async fn hand_edits_restart_the_engine_and_invalid_ones_keep_it_serving() {
     let sup = running(&s).await;
     let url = sup.url();
     assert_eq!(chat(&url).await.0, 200);
-    assert_eq!(get(&format!("{url}/health")).await.1["draft"], "none");
+    assert_eq!(get(&url, "/health").await.1["draft"], "none");
 
     // A hand edit (plain write, as an editor would) is picked up and restarts the engine.
     std::fs::write(&s.config, settings_text(&s.models, "draft = \"lookup\"")).unwrap();
     wait_for(&sup, "the restart", |st| st.restarts == 1 && st.phase == Phase::Running).await;
     assert_eq!(
-        get(&format!("{url}/health")).await.1["draft"],
+        get(&url, "/health").await.1["draft"],
         "lookup",
         "the new engine runs the new settings"
     );
@@ -107,8 +92,8 @@ async fn hand_edits_restart_the_engine_and_invalid_ones_keep_it_serving() {
     assert_eq!(st.config_error.as_ref().unwrap().field.as_deref(), Some("draft"), "{st:?}");
     assert_eq!((st.restarts, st.phase), (1, Phase::Running));
     assert_eq!(chat(&url).await.0, 200, "still serving");
-    assert_eq!(get(&format!("{url}/health")).await.1["draft"], "lookup");
-    let (_, cfg) = get(&format!("{url}/api/config")).await;
+    assert_eq!(get(&url, "/health").await.1["draft"], "lookup");
+    let (_, cfg) = get(&url, "/api/config").await;
     assert_eq!(cfg["error"]["field"], "draft", "{cfg}");
     let menu = sup.tray_menu();
     assert!(
@@ -130,7 +115,7 @@ async fn hand_edits_restart_the_engine_and_invalid_ones_keep_it_serving() {
         st.config_error.is_none() && st.restarts == 2 && st.phase == Phase::Running
     })
     .await;
-    assert_eq!(get(&format!("{url}/health")).await.1["draft"], "none");
+    assert_eq!(get(&url, "/health").await.1["draft"], "none");
     sup.shutdown().await;
 }
 
@@ -140,12 +125,8 @@ async fn a_restart_lets_the_request_in_flight_finish_and_answers_others_with_a_c
     let sup = running(&s).await;
     let url = sup.url();
     let body = json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1500, "stream": true});
-    let resp = reqwest::Client::new()
-        .post(format!("{url}/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp =
+        client().post(format!("{url}/v1/chat/completions")).json(&body).send().await.unwrap();
     assert_eq!(resp.status(), 200);
     let mut stream = resp.bytes_stream();
     let first = stream.next().await.unwrap().unwrap();
@@ -173,7 +154,7 @@ async fn a_restart_lets_the_request_in_flight_finish_and_answers_others_with_a_c
     };
     wait_for(&sup, "the restart to begin", |st| st.phase == Phase::Restarting).await;
     // While the old engine drains, new requests are told why, with Retry-After.
-    let r = reqwest::Client::new()
+    let r = client()
         .post(format!("{url}/v1/chat/completions"))
         .json(&json!({"model": "chat", "messages": [{"role": "user", "content": "x"}]}))
         .send()
@@ -185,7 +166,7 @@ async fn a_restart_lets_the_request_in_flight_finish_and_answers_others_with_a_c
     assert_eq!(e["error"]["code"], "engine_restarting", "{e}");
     // The status the UI and tray poll answers at once during the restart.
     let t = Instant::now();
-    let (code, st) = get(&format!("{url}/api/status")).await;
+    let (code, st) = get(&url, "/api/status").await;
     assert_eq!((code, st["phase"].as_str()), (200, Some("restarting")), "{st}");
     assert!(t.elapsed() < Duration::from_millis(500), "status took {:?}", t.elapsed());
     let text = reader.await.unwrap();
@@ -200,7 +181,7 @@ async fn a_restart_lets_the_request_in_flight_finish_and_answers_others_with_a_c
     wait_for(&sup, "the new engine", |st| st.phase == Phase::Running && st.restarts == 1).await;
     assert_eq!(chat(&url).await.0, 200);
     assert_eq!(
-        get(&format!("{url}/health")).await.1["leases"]["total"],
+        get(&url, "/health").await.1["leases"]["total"],
         0,
         "no lease leaked across the restart"
     );
@@ -212,7 +193,7 @@ async fn the_settings_api_checks_fields_and_applies_live_ones_without_a_restart(
     let s = setup();
     let sup = running(&s).await;
     let url = sup.url();
-    let (code, cfg) = get(&format!("{url}/api/config")).await;
+    let (code, cfg) = get(&url, "/api/config").await;
     assert_eq!(code, 200);
     let settings = cfg["settings"].clone();
     let before = std::fs::read(&s.config).unwrap();
@@ -225,20 +206,20 @@ async fn the_settings_api_checks_fields_and_applies_live_ones_without_a_restart(
     ] {
         let mut bad = settings.clone();
         bad[field] = value;
-        let (code, e) = send(reqwest::Method::PUT, &format!("{url}/api/config"), bad).await;
+        let (code, e) = call(&url, reqwest::Method::PUT, "/api/config", Some(bad)).await;
         assert_eq!(code, 400, "{field}: {e}");
         assert_eq!(e["error"]["param"], param, "{e}");
         assert_eq!(e["error"]["code"], "invalid_setting");
     }
     let mut typo = settings.clone();
     typo["prot"] = json!(1);
-    assert_eq!(send(reqwest::Method::PUT, &format!("{url}/api/config"), typo).await.0, 400);
+    assert_eq!(call(&url, reqwest::Method::PUT, "/api/config", Some(typo)).await.0, 400);
     assert_eq!(std::fs::read(&s.config).unwrap(), before, "a refused change leaves the file alone");
 
     // Sampling defaults apply live; requests that omit temperature now get greedy output.
     let mut live = settings.clone();
     live["sampling"]["temperature"] = json!(0.0);
-    let (code, r) = send(reqwest::Method::PUT, &format!("{url}/api/config"), live.clone()).await;
+    let (code, r) = call(&url, reqwest::Method::PUT, "/api/config", Some(live.clone())).await;
     assert_eq!((code, &r["restarted"]), (200, &json!(false)), "{r}");
     assert_eq!(sup.status().restarts, 0);
     let a = chat(&url).await.1["choices"][0]["message"]["content"].clone();
@@ -253,11 +234,10 @@ async fn the_settings_api_checks_fields_and_applies_live_ones_without_a_restart(
 
     // Picking another model (the tray's picker) loads it without a restart.
     let (code, r) =
-        send(reqwest::Method::POST, &format!("{url}/api/models/select"), json!({"id": "mtp"}))
-            .await;
+        call(&url, reqwest::Method::POST, "/api/models/select", Some(json!({"id": "mtp"}))).await;
     assert_eq!(code, 200, "{r}");
     assert_eq!(sup.status().restarts, 0);
-    let (_, h) = get(&format!("{url}/health")).await;
+    let (_, h) = get(&url, "/health").await;
     assert_eq!(h["model"]["id"], "mtp", "{h}");
     // The tray: both models, the picked one checked; the status line names it.
     let menu = sup.tray_menu();
@@ -267,12 +247,11 @@ async fn the_settings_api_checks_fields_and_applies_live_ones_without_a_restart(
     assert!(menu.status_line.starts_with("mtp"), "{menu:?}");
     assert_eq!(menu.api_url, format!("{url}/v1"));
     let (code, e) =
-        send(reqwest::Method::POST, &format!("{url}/api/models/select"), json!({"id": "nope"}))
-            .await;
+        call(&url, reqwest::Method::POST, "/api/models/select", Some(json!({"id": "nope"}))).await;
     assert_eq!((code, &e["error"]["param"]), (400, &json!("default_model")), "{e}");
 
     // Models: listed with size and format; the default cannot be deleted, another can.
-    let (_, list) = get(&format!("{url}/api/models")).await;
+    let (_, list) = get(&url, "/api/models").await;
     let ids: Vec<&str> =
         list["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["chat", "mtp"]);
@@ -280,24 +259,22 @@ async fn the_settings_api_checks_fields_and_applies_live_ones_without_a_restart(
         list["data"][0]["size_bytes"].as_u64().unwrap() > 100_000
             && list["data"][0]["format"].is_string()
     );
-    let (code, e) =
-        send(reqwest::Method::DELETE, &format!("{url}/api/models/mtp"), json!({})).await;
+    let (code, e) = call(&url, reqwest::Method::DELETE, "/api/models/mtp", Some(json!({}))).await;
     assert_eq!((code, &e["error"]["code"]), (400, &json!("model_in_use")), "{e}");
-    send(reqwest::Method::POST, &format!("{url}/api/models/select"), json!({"id": "chat"})).await;
-    let (code, _) =
-        send(reqwest::Method::DELETE, &format!("{url}/api/models/mtp"), json!({})).await;
+    call(&url, reqwest::Method::POST, "/api/models/select", Some(json!({"id": "chat"}))).await;
+    let (code, _) = call(&url, reqwest::Method::DELETE, "/api/models/mtp", Some(json!({}))).await;
     assert_eq!(code, 200);
     assert!(!s.models.join("mtp").exists());
 
     // The control API sits behind the same guard as the engine's.
-    let r = reqwest::Client::new()
+    let r = client()
         .get(format!("{url}/api/config"))
         .header("Host", "evil.example")
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 403);
-    let r = reqwest::Client::new()
+    let r = client()
         .put(format!("{url}/api/config"))
         .header("Origin", "https://evil.example")
         .json(&live)
@@ -311,7 +288,7 @@ async fn the_settings_api_checks_fields_and_applies_live_ones_without_a_restart(
     let mut moved = live.clone();
     moved["port"] = json!(free);
     let t = Instant::now();
-    let (code, r) = send(reqwest::Method::PUT, &format!("{url}/api/config"), moved).await;
+    let (code, r) = call(&url, reqwest::Method::PUT, "/api/config", Some(moved)).await;
     assert_eq!(code, 200, "{r}");
     assert!(t.elapsed() < Duration::from_secs(5), "moving the port took {:?}", t.elapsed());
     assert_eq!(
@@ -353,25 +330,26 @@ async fn a_gguf_imported_through_the_api_becomes_an_installed_model() {
     let s = setup();
     let sup = running(&s).await;
     let url = sup.url();
-    let (code, e) = send(
+    let (code, e) = call(
+        &url,
         reqwest::Method::POST,
-        &format!("{url}/api/models/import"),
-        json!({"path": "/nonexistent/model.gguf"}),
+        "/api/models/import",
+        Some(json!({"path": "/nonexistent/model.gguf"})),
     )
     .await;
     assert_eq!((code, &e["error"]["param"]), (400, &json!("path")), "{e}");
-    let (code, e) =
-        send(reqwest::Method::POST, &format!("{url}/api/models/import"), json!({})).await;
+    let (code, e) = call(&url, reqwest::Method::POST, "/api/models/import", Some(json!({}))).await;
     assert_eq!((code, &e["error"]["param"]), (400, &json!("path")), "{e}");
-    let (code, r) = send(
+    let (code, r) = call(
+        &url,
         reqwest::Method::POST,
-        &format!("{url}/api/models/import"),
-        json!({"path": gguf, "name": "gemma-imported"}),
+        "/api/models/import",
+        Some(json!({"path": gguf, "name": "gemma-imported"})),
     )
     .await;
     assert_eq!(code, 200, "{r}");
     assert_eq!(r["id"], "gemma-imported");
-    let (_, list) = get(&format!("{url}/api/models")).await;
+    let (_, list) = get(&url, "/api/models").await;
     let m = list["data"]
         .as_array()
         .unwrap()
@@ -396,10 +374,11 @@ async fn the_context_length_setting_caps_every_request() {
     let sup = running(&s).await;
     let url = sup.url();
     let long = "word ".repeat(100);
-    let (code, e) = send(
+    let (code, e) = call(
+        &url,
         reqwest::Method::POST,
-        &format!("{url}/v1/chat/completions"),
-        json!({"model": "chat", "messages": [{"role": "user", "content": long}]}),
+        "/v1/chat/completions",
+        Some(json!({"model": "chat", "messages": [{"role": "user", "content": long}]})),
     )
     .await;
     assert_eq!((code, &e["error"]["code"]), (400, &json!("context_length_exceeded")), "{e}");
@@ -408,7 +387,7 @@ async fn the_context_length_setting_caps_every_request() {
         "{e}"
     );
     // A short prompt may only fill what is left of the 64 tokens.
-    let (code, r) = send(reqwest::Method::POST, &format!("{url}/v1/chat/completions"), json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 500})).await;
+    let (code, r) = call(&url, reqwest::Method::POST, "/v1/chat/completions", Some(json!({"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 500}))).await;
     assert_eq!(code, 200, "{r}");
     let used = r["usage"]["prompt_tokens"].as_u64().unwrap()
         + r["usage"]["completion_tokens"].as_u64().unwrap();
@@ -421,9 +400,7 @@ async fn the_api_key_is_never_dropped_shown_or_cleared_by_omission() {
     let s = setup();
     let with_key =
         |extra: &str| settings_text(&s.models, &format!("api_key = \"sekrit\"\n{extra}"));
-    let authed = |m: reqwest::Method, url: String| {
-        reqwest::Client::new().request(m, url).bearer_auth("sekrit")
-    };
+    let authed = |m: reqwest::Method, url: String| client().request(m, url).bearer_auth("sekrit");
 
     // A file that fails its checks at start (its default model was deleted) once fell back to
     // the defaults, which have no key: the control API answered anyone.
@@ -435,7 +412,7 @@ async fn the_api_key_is_never_dropped_shown_or_cleared_by_omission() {
     let sup = Supervisor::start(&s.config, None).await.unwrap();
     assert_eq!(sup.status().phase, Phase::Failed);
     let url = sup.url();
-    assert_eq!(get(&format!("{url}/api/status")).await.0, 401, "served without the file's key");
+    assert_eq!(get(&url, "/api/status").await.0, 401, "served without the file's key");
     assert_eq!(
         authed(reqwest::Method::GET, format!("{url}/api/status")).send().await.unwrap().status(),
         200
@@ -478,11 +455,7 @@ async fn the_api_key_is_never_dropped_shown_or_cleared_by_omission() {
         assert_eq!(file.default_model, "chat");
     }
     wait_for(&sup, "the restart", |st| st.phase == Phase::Running).await;
-    assert_eq!(
-        get(&format!("{}/api/config", sup.url())).await.0,
-        401,
-        "still guarded after the change"
-    );
+    assert_eq!(get(&sup.url(), "/api/config").await.0, 401, "still guarded after the change");
     // A typo is still refused by name, and the file is left alone.
     let before = std::fs::read(&s.config).unwrap();
     let r = authed(reqwest::Method::PUT, format!("{}/api/config", sup.url()))

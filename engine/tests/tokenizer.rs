@@ -3,7 +3,8 @@
 mod common;
 
 use common::*;
-use perch_engine::tokenizer::{ChatMessage, StreamDecoder};
+use perch_engine::chat::ChatMessage;
+use perch_engine::tokenizer::StreamDecoder;
 
 #[test]
 fn stream_decoder_never_emits_broken_utf8_and_loses_nothing() {

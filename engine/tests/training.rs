@@ -6,18 +6,17 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
 use mlx_rs::transforms::value_and_grad_with_argnums;
 use mlx_rs::Array;
+use perch_engine::chat::ChatMessage;
 use perch_engine::model::lora::{Lora, LoraSpec};
-use perch_engine::runtime::{Engine, EngineConfig};
 use perch_engine::server::{ServeConfig, Server};
-use perch_engine::tokenizer::ChatMessage;
 use perch_engine::train::data::{samples, Example, TrainData};
 use perch_engine::train::trainer::masked_loss;
+use reqwest::Method;
 use serde_json::{json, Value};
 
 /// A cycle of the qwen3-mtp fixture's words: a pattern its own language never makes.
@@ -29,7 +28,6 @@ fn pattern_text(words: usize) -> String {
 
 #[test]
 fn lora_gradients_match_finite_differences() {
-    std::env::set_var("PERCH_DTYPE", "f32");
     let model = load_fixture("qwen3");
     let dims = model.net.projection_dims();
     let spec = LoraSpec {
@@ -154,37 +152,15 @@ fn chat_examples_train_only_on_the_assistant_turns() {
 
 // ---- over HTTP ----
 
-async fn serve(models: &std::path::Path, model: &str) -> Server {
-    std::env::set_var("PERCH_DTYPE", "f32");
-    let engine = Engine::start(EngineConfig {
-        models_dir: models.to_path_buf(),
-        model: model.into(),
-        draft: "none".into(),
-        ladder: perch_engine::runtime::LadderConfig::profile("off").unwrap(),
-        ..Default::default()
-    })
-    .unwrap();
-    let engine = Arc::new(engine);
-    engine.start_background();
-    Server::start(engine, ServeConfig { port: 0, ..Default::default() }).await.unwrap()
-}
-
-async fn call(s: &Server, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let c = reqwest::Client::new();
-    let url = format!("{}{path}", s.url());
-    let r = match (method, body) {
-        ("GET", _) => c.get(url).send().await.unwrap(),
-        (_, Some(b)) => c.post(url).json(&b).send().await.unwrap(),
-        (_, None) => c.post(url).send().await.unwrap(),
-    };
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Value::Null))
+/// `model` from `models` served with background work on (training runs beside it).
+async fn start(models: &std::path::Path, model: &str) -> Server {
+    serve(engine_config(models, model), ServeConfig::default()).await
 }
 
 async fn wait_for_end(s: &Server, within: Duration) -> Value {
     let t = Instant::now();
     loop {
-        let (_, st) = call(s, "GET", "/train", None).await;
+        let (_, st) = call(s, Method::GET, "/train", None).await;
         if !["starting", "running", "paused"].contains(&st["state"].as_str().unwrap_or("")) {
             return st;
         }
@@ -196,7 +172,7 @@ async fn wait_for_end(s: &Server, within: Duration) -> Value {
 async fn complete(s: &Server, model: &str, prompt: &str, n: usize) -> (u16, Value) {
     call(
         s,
-        "POST",
+        Method::POST,
         "/v1/completions",
         Some(json!({"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0})),
     )
@@ -207,17 +183,17 @@ async fn complete(s: &Server, model: &str, prompt: &str, n: usize) -> (u16, Valu
 async fn a_run_lowers_held_out_loss_and_its_adapter_serves() {
     let models = tempfile::tempdir().unwrap();
     install_fixture("qwen3-mtp", &models.path().join("qwen3-mtp"));
-    let s = serve(models.path(), "qwen3-mtp").await;
+    let s = start(models.path(), "qwen3-mtp").await;
     let prompt = "baga dase fagi gaso kagu";
     let (_, base_before) = complete(&s, "qwen3-mtp", prompt, 12).await;
 
     let body = json!({"adapter": "cycle", "text": pattern_text(1200), "seq_len": 48, "epochs": 3, "batch_size": 4,
                       "learning_rate": 0.003, "rank": 4, "targets": ["q_proj", "v_proj", "o_proj", "down_proj"], "share_ppm": 1000000});
-    let (code, started) = call(&s, "POST", "/train", Some(body.clone())).await;
+    let (code, started) = call(&s, Method::POST, "/train", Some(body.clone())).await;
     assert_eq!(code, 201, "{started}");
     assert_eq!(started["adapter_model"], "qwen3-mtp+cycle");
     // One run at a time.
-    let (code, busy) = call(&s, "POST", "/train", Some(body)).await;
+    let (code, busy) = call(&s, Method::POST, "/train", Some(body)).await;
     assert_eq!(code, 409, "{busy}");
     assert_eq!(busy["error"]["code"], "training_running");
 
@@ -237,7 +213,7 @@ async fn a_run_lowers_held_out_loss_and_its_adapter_serves() {
     assert!(models.path().join(".adapters/qwen3-mtp/cycle/adapter_config.json").is_file());
 
     // Served as `model+adapter`, listed, and continuing the trained cycle.
-    let (_, list) = call(&s, "GET", "/v1/models", None).await;
+    let (_, list) = call(&s, Method::GET, "/v1/models", None).await;
     assert!(
         list["data"].as_array().unwrap().iter().any(|m| m["id"] == "qwen3-mtp+cycle"),
         "{list}"
@@ -257,16 +233,20 @@ async fn a_run_lowers_held_out_loss_and_its_adapter_serves() {
     assert_eq!(base_after["choices"][0]["text"], base_before["choices"][0]["text"]);
     assert_ne!(base_after["choices"][0]["text"], tuned["choices"][0]["text"]);
     // The same name is not overwritten; an unknown adapter is a 404.
-    let (code, e) =
-        call(&s, "POST", "/train", Some(json!({"adapter": "cycle", "text": pattern_text(100)})))
-            .await;
+    let (code, e) = call(
+        &s,
+        Method::POST,
+        "/train",
+        Some(json!({"adapter": "cycle", "text": pattern_text(100)})),
+    )
+    .await;
     assert_eq!((code, e["error"]["param"].as_str()), (400, Some("adapter")), "{e}");
     let (code, _) = complete(&s, "qwen3-mtp+nope", prompt, 4).await;
     assert_eq!(code, 404);
     // Adapters do not stack: a 400 naming the field.
     let (code, e) = complete(&s, "qwen3-mtp+cycle+cycle", prompt, 4).await;
     assert_eq!((code, e["error"]["param"].as_str()), (400, Some("model")), "{e}");
-    let (_, health) = call(&s, "GET", "/health", None).await;
+    let (_, health) = call(&s, Method::GET, "/health", None).await;
     assert_eq!(health["leases"]["total"], 0, "{health}");
     s.shutdown().await;
 }
@@ -275,7 +255,7 @@ async fn a_run_lowers_held_out_loss_and_its_adapter_serves() {
 async fn bad_training_requests_name_their_field() {
     let models = tempfile::tempdir().unwrap();
     install_fixture("qwen3-mtp", &models.path().join("qwen3-mtp"));
-    let s = serve(models.path(), "qwen3-mtp").await;
+    let s = start(models.path(), "qwen3-mtp").await;
     let cases = [
         (json!({"text": "baga dase", "rank": -1}), "rank"),
         (
@@ -292,14 +272,14 @@ async fn bad_training_requests_name_their_field() {
         (json!({"examples": [{"messages": [{"role": "user", "content": "hi"}]}]}), "examples"),
     ];
     for (body, param) in cases {
-        let (code, e) = call(&s, "POST", "/train", Some(body.clone())).await;
+        let (code, e) = call(&s, Method::POST, "/train", Some(body.clone())).await;
         assert_eq!(code, 400, "{body} → {e}");
         assert_eq!(e["error"]["param"], param, "{body} → {e}");
         assert!(!e["error"]["message"].as_str().unwrap().is_empty());
     }
-    let (code, e) = call(&s, "POST", "/train/cancel", None).await;
+    let (code, e) = call(&s, Method::POST, "/train/cancel", None).await;
     assert_eq!((code, e["error"]["code"].as_str()), (409, Some("no_training_run")));
-    let (code, st) = call(&s, "GET", "/train", None).await;
+    let (code, st) = call(&s, Method::GET, "/train", None).await;
     assert_eq!((code, st["state"].as_str()), (200, Some("idle")));
     // Nothing was written for the refused runs.
     assert!(!models.path().join(".adapters").exists());
@@ -310,10 +290,10 @@ async fn bad_training_requests_name_their_field() {
 async fn user_turns_during_a_run_get_a_receipt_and_control_works() {
     let models = tempfile::tempdir().unwrap();
     install_fixture("qwen3-mtp", &models.path().join("qwen3-mtp"));
-    let s = serve(models.path(), "qwen3-mtp").await;
+    let s = start(models.path(), "qwen3-mtp").await;
     let body = json!({"adapter": "long", "text": pattern_text(20000), "seq_len": 256, "epochs": 50, "batch_size": 4,
                       "window_batches": 2, "max_slowdown_ppm": 300000});
-    let (code, st) = call(&s, "POST", "/train", Some(body)).await;
+    let (code, st) = call(&s, Method::POST, "/train", Some(body)).await;
     assert_eq!(code, 201, "{st}");
     // Turns of 32 tokens at irregular times while windows come and go.
     let mut finished = 0;
@@ -323,7 +303,7 @@ async fn user_turns_during_a_run_get_a_receipt_and_control_works() {
         finished += 1;
         tokio::time::sleep(Duration::from_millis(20 + (i * 37 % 90) as u64)).await;
     }
-    let (_, st) = call(&s, "GET", "/train", None).await;
+    let (_, st) = call(&s, Method::GET, "/train", None).await;
     let clean = st["turns_clean"].as_u64().unwrap();
     let overlapped = st["turns_overlapped"].as_u64().unwrap();
     assert_eq!(clean + overlapped, finished, "every turn of 16+ steps is in the receipt: {st}");
@@ -347,19 +327,19 @@ async fn user_turns_during_a_run_get_a_receipt_and_control_works() {
     assert!(realised > 0 && realised <= 345_000, "{st}");
 
     // Pause: no window starts while paused; resume: they do again.
-    let (code, p) = call(&s, "POST", "/train/pause", None).await;
+    let (code, p) = call(&s, Method::POST, "/train/pause", None).await;
     assert_eq!((code, p["state"].as_str()), (200, Some("paused")));
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let (_, a) = call(&s, "GET", "/train", None).await;
+    let (_, a) = call(&s, Method::GET, "/train", None).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let (_, b) = call(&s, "GET", "/train", None).await;
+    let (_, b) = call(&s, Method::GET, "/train", None).await;
     assert_eq!(a["windows"], b["windows"], "a window ran while paused");
     assert_eq!(b["in_window"], false);
-    let (code, r) = call(&s, "POST", "/train/resume", None).await;
+    let (code, r) = call(&s, Method::POST, "/train/resume", None).await;
     assert_eq!((code, r["state"].as_str()), (200, Some("running")));
     let t = Instant::now();
     loop {
-        let (_, c) = call(&s, "GET", "/train", None).await;
+        let (_, c) = call(&s, Method::GET, "/train", None).await;
         if c["windows"].as_u64() > b["windows"].as_u64() {
             break;
         }
@@ -367,17 +347,17 @@ async fn user_turns_during_a_run_get_a_receipt_and_control_works() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Cancel: the run ends, keeps what it learned, and holds no lease.
-    let (code, _) = call(&s, "POST", "/train/cancel", None).await;
+    let (code, _) = call(&s, Method::POST, "/train/cancel", None).await;
     assert_eq!(code, 200);
     let st = wait_for_end(&s, Duration::from_secs(30)).await;
     assert_eq!(st["state"], "cancelled", "{st}");
     assert_eq!(st["adapter_saved"], true, "{st}");
-    let (_, health) = call(&s, "GET", "/health", None).await;
+    let (_, health) = call(&s, Method::GET, "/health", None).await;
     assert_eq!(health["leases"]["total"], 0, "{health}");
     // After the run, turns are no longer overlapped.
     let before = st["turns_overlapped"].as_u64().unwrap();
     complete(&s, "qwen3-mtp", "baga dase", 32).await;
-    let (_, after) = call(&s, "GET", "/train", None).await;
+    let (_, after) = call(&s, Method::GET, "/train", None).await;
     assert_eq!(after["turns_overlapped"].as_u64().unwrap(), before, "{after}");
     s.shutdown().await;
 }
@@ -387,9 +367,9 @@ async fn unloading_the_model_stops_its_run() {
     let models = tempfile::tempdir().unwrap();
     install_fixture("qwen3-mtp", &models.path().join("qwen3-mtp"));
     install_fixture("qwen3", &models.path().join("qwen3"));
-    let s = serve(models.path(), "qwen3-mtp").await;
+    let s = start(models.path(), "qwen3-mtp").await;
     let body = json!({"adapter": "x", "text": pattern_text(20000), "seq_len": 256, "epochs": 50, "share_ppm": 500000});
-    let (code, _) = call(&s, "POST", "/train", Some(body)).await;
+    let (code, _) = call(&s, Method::POST, "/train", Some(body)).await;
     assert_eq!(code, 201);
     tokio::time::sleep(Duration::from_millis(500)).await;
     // Asking for another model evicts this one (one resident model): the run stops first.
@@ -397,7 +377,7 @@ async fn unloading_the_model_stops_its_run() {
     assert_eq!(code, 200, "{r}");
     let st = wait_for_end(&s, Duration::from_secs(30)).await;
     assert_eq!(st["state"], "cancelled", "{st}");
-    let (_, health) = call(&s, "GET", "/health", None).await;
+    let (_, health) = call(&s, Method::GET, "/health", None).await;
     assert_eq!(health["leases"]["total"], 0, "{health}");
     assert_eq!(health["model"]["id"], "qwen3", "{health}");
     s.shutdown().await;

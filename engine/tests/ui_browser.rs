@@ -20,7 +20,6 @@ fn root() -> PathBuf {
 #[cfg(unix)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_ui_chats_stops_remembers_and_restarts_the_engine_in_chromium() {
-    std::env::set_var("PERCH_DTYPE", "f32");
     let tmp = tempfile::tempdir().unwrap();
     let models = tmp.path().join("models");
     install_fixture(MTP_FIXTURE, &models.join("chat"));

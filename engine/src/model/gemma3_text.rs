@@ -5,7 +5,8 @@
 
 use mlx_rs::Array;
 
-use super::layers::{Attention, AttentionShape, Embedding, Mlp, RmsNorm, Rope, HOST_HEAD_MAX_ROWS};
+use super::layers::{Attention, AttentionShape, Mlp, RmsNorm, Rope, HOST_HEAD_MAX_ROWS};
+use super::linear::Embedding;
 use super::weights::Weights;
 use super::{Architecture, ModelConfig};
 use crate::error::Result;

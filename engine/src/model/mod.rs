@@ -6,6 +6,7 @@ pub mod gemma3_text;
 pub mod host_head;
 pub mod kv_cache;
 pub mod layers;
+pub mod linear;
 pub mod llama;
 pub mod lora;
 pub mod mtp;
@@ -22,8 +23,9 @@ use serde_json::Value;
 use crate::error::{EngineError, Result};
 use crate::model::kv_cache::KvCache;
 use crate::model::lora::{Lora, ProjectionDims};
+use crate::platform::ComputeDtype;
 use crate::tokenizer::Tokenizer;
-use layers::QuantSpec;
+use linear::QuantSpec;
 use weights::Weights;
 
 pub const SUPPORTED_ARCHITECTURES: &str = "llama, qwen2, qwen3, gemma3_text";
@@ -239,11 +241,17 @@ pub fn resolve(spec: &str, models_dir: &Path) -> Result<PathBuf> {
     Err(EngineError::ModelNotFound(spec.to_string()))
 }
 
-/// Load a model directory: config, weights (checked against the architecture) and tokenizer.
+/// Load a model directory: config, weights (checked against the architecture) and tokenizer,
+/// computing in the platform's dtype.
 pub fn load_model(dir: &Path) -> Result<LoadedModel> {
+    load_model_as(dir, ComputeDtype::Auto)
+}
+
+/// `load_model`, computing in `dtype`.
+pub fn load_model_as(dir: &Path, dtype: ComputeDtype) -> Result<LoadedModel> {
     let cfg = ModelConfig::read(dir)?;
     let architecture = cfg.str("model_type")?.to_string();
-    let mut weights = Weights::load(dir)?;
+    let mut weights = Weights::load(dir, dtype)?;
     let stack_shape = match architecture.as_str() {
         "llama" => Some(llama::shape(&cfg)?),
         "qwen2" => Some(qwen2::shape(&cfg)?),

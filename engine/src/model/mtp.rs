@@ -20,7 +20,8 @@
 use mlx_rs::ops::concatenate;
 use mlx_rs::Array;
 
-use super::layers::{Linear, PreNormBlock, RmsNorm, StackShape};
+use super::layers::{PreNormBlock, RmsNorm, StackShape};
+use super::linear::Linear;
 use super::weights::Weights;
 use super::{Architecture, ModelConfig};
 use crate::error::Result;

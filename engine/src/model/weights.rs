@@ -8,18 +8,19 @@ use std::path::{Path, PathBuf};
 use mlx_rs::{Array, Dtype};
 
 use crate::error::{EngineError, Result};
+use crate::platform::ComputeDtype;
 
 /// All tensors of a model directory, each remembered with the file it came from.
 pub struct Weights {
     tensors: HashMap<String, (Array, PathBuf)>,
     dir: PathBuf,
-    /// Dtype to widen floating-point tensors to (see `platform::compute_dtype`).
+    /// Dtype to widen floating-point tensors to (see `platform::ComputeDtype`).
     compute_dtype: Dtype,
 }
 
 impl Weights {
     /// Load every safetensors file of `dir` (following `model.safetensors.index.json` when present).
-    pub fn load(dir: &Path) -> Result<Weights> {
+    pub fn load(dir: &Path, dtype: ComputeDtype) -> Result<Weights> {
         let files = weight_files(dir)?;
         let mut tensors = HashMap::new();
         for file in files {
@@ -35,11 +36,7 @@ impl Weights {
             .map(|(a, _)| a.dtype())
             .find(|d| matches!(d, Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32))
             .unwrap_or(Dtype::Float32);
-        Ok(Weights {
-            tensors,
-            dir: dir.to_path_buf(),
-            compute_dtype: crate::platform::compute_dtype(file_dtype),
-        })
+        Ok(Weights { tensors, dir: dir.to_path_buf(), compute_dtype: dtype.resolve(file_dtype) })
     }
 
     pub fn compute_dtype(&self) -> Dtype {

@@ -17,7 +17,8 @@ use super::worker::{MlxThread, WorkerWork};
 use super::{Foreground, Gate, Lease, Leases};
 use crate::decode::{AdapterRef, DraftMode};
 use crate::error::{EngineError, Result};
-use crate::model::{load_model, LoadedModel, ModelConfig};
+use crate::model::{load_model_as, LoadedModel, ModelConfig};
+use crate::platform::ComputeDtype;
 use crate::sync::{LockExt, RwLockExt};
 use crate::tokenizer::Tokenizer;
 
@@ -50,6 +51,8 @@ pub struct EngineConfig {
     pub context_length: Option<usize>,
     /// Installed id or directory of the model loaded at start.
     pub model: String,
+    /// What models compute in (f32 on Linux's CPU backend unless set).
+    pub compute_dtype: ComputeDtype,
     /// `auto`, `none`, `lookup`, `mtp`, `mtp:N` (see `DraftMode::parse`), resolved once
     /// for each model as it loads.
     pub draft: String,
@@ -82,6 +85,7 @@ impl Default for EngineConfig {
             hf_cache: None,
             context_length: None,
             model: crate::paths::DEFAULT_MODEL_ID.into(),
+            compute_dtype: ComputeDtype::Auto,
             draft: "auto".into(),
             max_tokens_cap: None,
             max_queue: 32,
@@ -191,9 +195,9 @@ impl Engine {
             last_turn: Mutex::new(None),
             config,
         };
-        let draft = engine.config.draft.clone();
+        let (draft, dtype) = (engine.config.draft.clone(), engine.config.compute_dtype);
         let info = engine.mlx.run(move |w| {
-            let mut model = load_model(&dir)?;
+            let mut model = load_model_as(&dir, dtype)?;
             model.id = id;
             let info = ModelInfo { draft: DraftMode::parse(&draft, &model)?, ..info_of(&model) };
             w.models.insert(model.id.clone(), model);
@@ -366,8 +370,9 @@ impl Engine {
         }
         let dir = info.dir.clone();
         let (model_id, draft) = (id.to_string(), self.config.draft.clone());
+        let dtype = self.config.compute_dtype;
         let rx = self.mlx.submit(move |w| {
-            let mut model = load_model(&dir)?;
+            let mut model = load_model_as(&dir, dtype)?;
             model.id = model_id;
             // A setting this model cannot honour (mtp without an MTP head) means plain
             // decoding for it; the engine's first model is checked strictly at start.

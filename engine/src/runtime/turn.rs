@@ -14,6 +14,7 @@ use super::engine::{Engine, ModelInfo};
 use super::model_ref::ModelRef;
 use super::observe::LastTurn;
 use super::{GateError, GatePermit, Lease, Policy, UserRequest};
+use crate::chat::ChatMessage;
 use crate::decode::sampler::SamplingParams;
 use crate::decode::{
     context_room, generate_streaming, DraftMode, FinishReason, GenerateParams, Generation,
@@ -21,7 +22,6 @@ use crate::decode::{
 };
 use crate::error::{EngineError, Result};
 use crate::sync::LockExt;
-use crate::tokenizer::ChatMessage;
 
 /// What the model continues.
 #[derive(Debug, Clone, PartialEq)]

@@ -4,8 +4,9 @@
 
 use serde::Deserialize;
 
+use crate::chat::ChatMessage;
 use crate::error::{EngineError, Result};
-use crate::tokenizer::{ChatMessage, Tokenizer};
+use crate::tokenizer::Tokenizer;
 
 /// One training sequence: `loss[i]` says whether token `i` is a prediction target.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,12 +1,17 @@
-//! Helpers shared by the engine's integration tests: the fixture models and their goldens.
-#![allow(dead_code)]
+//! Helpers shared by the engine's integration tests: the fixture models and their goldens,
+//! and (`serve`) the one way to run a server and speak HTTP to it.
+#![allow(dead_code, unused_imports)]
 
 pub mod hub;
+pub mod serve;
+
+pub use serve::*;
 
 use std::path::PathBuf;
 
 use mlx_rs::Array;
-use perch_engine::{load_model, LoadedModel};
+use perch_engine::platform::ComputeDtype;
+use perch_engine::{load_model_as, LoadedModel};
 
 pub const FIXTURES: &[&str] = &[
     "llama",
@@ -31,8 +36,8 @@ pub fn fixture_dir(name: &str) -> PathBuf {
 /// Load a fixture computing in f32, as the goldens were computed (macOS would otherwise keep
 /// the bf16/f16 fixtures in their file dtype).
 pub fn load_fixture(name: &str) -> LoadedModel {
-    std::env::set_var("PERCH_DTYPE", "f32");
-    load_model(&fixture_dir(name)).unwrap_or_else(|e| panic!("loading fixture {name}: {e}"))
+    load_model_as(&fixture_dir(name), ComputeDtype::F32)
+        .unwrap_or_else(|e| panic!("loading fixture {name}: {e}"))
 }
 
 /// Copy fixture `name` into `dir` (created).
@@ -125,14 +130,13 @@ pub fn import_gemma(
     dtype: perch_engine::gguf::import::StoreDtype,
 ) -> LoadedModel {
     use perch_engine::gguf::import::{import, ImportOptions, Quantize};
-    std::env::set_var("PERCH_DTYPE", "f32");
     let opts = ImportOptions {
         name: Some("gemma-3-270m".into()),
         quantize: Quantize::None,
         dtype,
         overwrite: true,
     };
-    load_model(&import(gguf, dir, &opts).unwrap()).unwrap()
+    load_model_as(&import(gguf, dir, &opts).unwrap(), ComputeDtype::F32).unwrap()
 }
 
 /// One place where Perch's greedy continuation left a reference continuation.

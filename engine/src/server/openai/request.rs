@@ -3,11 +3,11 @@
 
 use serde_json::{Map, Value};
 
+use crate::chat::ChatMessage;
 use crate::config::SamplingDefaults;
 use crate::decode::sampler::SamplingParams;
 use crate::runtime::{ModelRef, Prompt, ResponseFormat, Turn};
 use crate::server::error::ApiError;
-use crate::tokenizer::ChatMessage;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {

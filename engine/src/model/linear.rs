@@ -1,0 +1,219 @@
+//! Linear layers, dense or MLX affine-quantized (with an optional LoRA pair on top), and token
+//! embeddings, which double as the output head when tied.
+
+use mlx_rs::ops::{self, concatenate};
+use mlx_rs::{Array, Dtype};
+
+use super::weights::Weights;
+use super::ModelConfig;
+use crate::error::{EngineError, Result};
+
+/// MLX affine quantization parameters of one layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QuantSpec {
+    pub group_size: i32,
+    pub bits: i32,
+}
+
+pub enum Linear {
+    Dense { weight: Array, bias: Option<Array> },
+    Quantized { weight: Array, scales: Array, biases: Array, bias: Option<Array>, spec: QuantSpec },
+}
+
+impl Linear {
+    /// Load `{prefix}.weight` (and `.scales`/`.biases` when quantized) for an `in -> out` map.
+    pub fn load(
+        w: &mut Weights,
+        cfg: &ModelConfig,
+        prefix: &str,
+        inp: i32,
+        out: i32,
+        bias: bool,
+    ) -> Result<Linear> {
+        let bias = if bias { Some(w.take(&format!("{prefix}.bias"), &[out])?) } else { None };
+        if let Some(spec) = quant_of(w, cfg, prefix)? {
+            let (weight, scales, biases) = load_quantized(w, prefix, inp, out, spec)?;
+            return Ok(Linear::Quantized { weight, scales, biases, bias, spec });
+        }
+        let weight = w.take(&format!("{prefix}.weight"), &[out, inp])?;
+        Ok(Linear::Dense { weight, bias })
+    }
+
+    /// One layer computing all of `parts` (same input, outputs side by side): one matmul
+    /// instead of several. Per-operation overhead, not bandwidth, dominates small layers on
+    /// the CPU backend. Returns the parts unchanged when they cannot be stacked.
+    pub fn stack(parts: Vec<Linear>) -> std::result::Result<Linear, Vec<Linear>> {
+        let cat = |xs: Vec<&Array>| concatenate(&xs, 0);
+        let all_dense = parts.iter().all(|p| matches!(p, Linear::Dense { .. }));
+        let biases: Vec<Option<&Array>> = parts
+            .iter()
+            .map(|p| match p {
+                Linear::Dense { bias, .. } | Linear::Quantized { bias, .. } => bias.as_ref(),
+            })
+            .collect();
+        let bias_all = biases.iter().all(|b| b.is_some());
+        if !bias_all && biases.iter().any(|b| b.is_some()) {
+            return Err(parts);
+        }
+        let bias = if bias_all { cat(biases.into_iter().flatten().collect()).ok() } else { None };
+        if all_dense {
+            let ws: Vec<&Array> = parts
+                .iter()
+                .map(|p| match p {
+                    Linear::Dense { weight, .. } => weight,
+                    _ => unreachable!(),
+                })
+                .collect();
+            return match cat(ws) {
+                Ok(weight) => Ok(Linear::Dense { weight, bias }),
+                Err(_) => Err(parts),
+            };
+        }
+        let specs: Vec<Option<QuantSpec>> = parts
+            .iter()
+            .map(|p| match p {
+                Linear::Quantized { spec, .. } => Some(*spec),
+                _ => None,
+            })
+            .collect();
+        match specs[0] {
+            Some(spec) if specs.iter().all(|s| *s == Some(spec)) => {
+                let pick = |f: fn(&Linear) -> &Array| cat(parts.iter().map(f).collect());
+                let w = pick(|p| match p {
+                    Linear::Quantized { weight, .. } => weight,
+                    _ => unreachable!(),
+                });
+                let sc = pick(|p| match p {
+                    Linear::Quantized { scales, .. } => scales,
+                    _ => unreachable!(),
+                });
+                let bi = pick(|p| match p {
+                    Linear::Quantized { biases, .. } => biases,
+                    _ => unreachable!(),
+                });
+                match (w, sc, bi) {
+                    (Ok(weight), Ok(scales), Ok(biases)) => {
+                        Ok(Linear::Quantized { weight, scales, biases, bias, spec })
+                    }
+                    _ => Err(parts),
+                }
+            }
+            _ => Err(parts),
+        }
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let y = match self {
+            Linear::Dense { weight, bias: Some(b) } => ops::addmm(b, x, weight.t(), None, None)?,
+            Linear::Dense { weight, bias: None } => x.matmul(weight.t())?,
+            Linear::Quantized { weight, scales, biases, bias, spec } => {
+                let y = ops::quantized_matmul(
+                    x,
+                    weight,
+                    scales,
+                    biases,
+                    true,
+                    spec.group_size,
+                    spec.bits,
+                )?;
+                match bias {
+                    Some(b) => y.add(b)?,
+                    None => y,
+                }
+            }
+        };
+        Ok(y)
+    }
+}
+
+/// Token embeddings; also serves as the output projection when embeddings are tied.
+pub enum Embedding {
+    Dense(Array),
+    Quantized { weight: Array, scales: Array, biases: Array, spec: QuantSpec },
+}
+
+impl Embedding {
+    pub fn load(
+        w: &mut Weights,
+        cfg: &ModelConfig,
+        prefix: &str,
+        vocab: i32,
+        hidden: i32,
+    ) -> Result<Embedding> {
+        if let Some(spec) = quant_of(w, cfg, prefix)? {
+            let (weight, scales, biases) = load_quantized(w, prefix, hidden, vocab, spec)?;
+            return Ok(Embedding::Quantized { weight, scales, biases, spec });
+        }
+        Ok(Embedding::Dense(w.take(&format!("{prefix}.weight"), &[vocab, hidden])?))
+    }
+
+    pub fn forward(&self, ids: &Array) -> Result<Array> {
+        Ok(match self {
+            Embedding::Dense(table) => table.take_axis(ids, 0)?,
+            Embedding::Quantized { weight, scales, biases, spec } => ops::dequantize(
+                weight.take_axis(ids, 0)?,
+                scales.take_axis(ids, 0)?,
+                &biases.take_axis(ids, 0)?,
+                spec.group_size,
+                spec.bits,
+            )?,
+        })
+    }
+
+    /// A host-side int8 copy of a large dense table for one-token steps on the CPU backend
+    /// (see `host_head`); `None` where MLX's own matmul is the better choice.
+    pub fn host_head(&self) -> Result<Option<super::host_head::HostHead>> {
+        match self {
+            Embedding::Dense(table) if std::env::var_os("PERCH_NO_HOST_HEAD").is_none() => {
+                super::host_head::HostHead::new(table)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// `x @ table.T`: the tied language-model head.
+    pub fn as_linear(&self, x: &Array) -> Result<Array> {
+        Ok(match self {
+            Embedding::Dense(table) => x.matmul(table.t())?,
+            Embedding::Quantized { weight, scales, biases, spec } => {
+                ops::quantized_matmul(x, weight, scales, biases, true, spec.group_size, spec.bits)?
+            }
+        })
+    }
+}
+
+fn quant_of(w: &Weights, cfg: &ModelConfig, prefix: &str) -> Result<Option<QuantSpec>> {
+    if !w.contains(&format!("{prefix}.scales")) {
+        return Ok(None);
+    }
+    cfg.quant_for(prefix).map(Some).ok_or_else(|| EngineError::BadWeights {
+        file: w.file_of(&format!("{prefix}.scales")),
+        msg: format!("`{prefix}` is quantized but config.json has no `quantization` section"),
+    })
+}
+
+fn load_quantized(
+    w: &mut Weights,
+    prefix: &str,
+    inp: i32,
+    out: i32,
+    spec: QuantSpec,
+) -> Result<(Array, Array, Array)> {
+    let packed = inp * spec.bits / 32;
+    let groups = inp / spec.group_size;
+    let name = format!("{prefix}.weight");
+    let file = w.file_of(&name);
+    let weight = w.take_raw(&name)?;
+    if weight.shape() != [out, packed] || weight.dtype() != Dtype::Uint32 {
+        return Err(EngineError::ShapeMismatch {
+            file,
+            tensor: name,
+            found: weight.shape().to_vec(),
+            expected: vec![out, packed],
+        });
+    }
+    // Scales stay in the compute dtype: bf16 scales are ~8x slower on the CPU backend.
+    let scales = w.take(&format!("{prefix}.scales"), &[out, groups])?;
+    let biases = w.take(&format!("{prefix}.biases"), &[out, groups])?;
+    Ok((weight, scales, biases))
+}
