@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use perch_engine::config::Settings;
 use perch_engine::supervisor::Supervisor;
+use perch_engine::sync::LockExt;
 use tauri::menu::{CheckMenuItem, Menu, MenuItem, PredefinedMenuItem};
 use tauri::{AppHandle, Manager, RunEvent, WebviewUrl, WebviewWindowBuilder};
 use tauri_plugin_autostart::ManagerExt as _;
@@ -67,7 +68,7 @@ fn refresh_tray(app: &AppHandle) {
     let shell = app.state::<Shell>();
     let model = shell.sup.tray_menu();
     let structure = serde_json::to_string(&(&model.models, &model.api_url)).unwrap_or_default();
-    let mut shown = shell.shown.lock().unwrap_or_else(|e| e.into_inner());
+    let mut shown = shell.shown.locked();
     if shown.structure == structure {
         if shown.status_line != model.status_line {
             if let Some(item) = &shown.status_item {
@@ -185,7 +186,7 @@ fn follow_port(app: &AppHandle) {
 fn apply_autostart(app: &AppHandle, settings: Option<&Settings>) {
     let Some(want) = settings.map(|s| s.launch_at_login) else { return };
     let shell = app.state::<Shell>();
-    let mut applied = shell.autostart.lock().unwrap_or_else(|e| e.into_inner());
+    let mut applied = shell.autostart.locked();
     if *applied == Some(want) {
         return;
     }
