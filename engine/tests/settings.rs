@@ -476,3 +476,64 @@ fn an_empty_settings_file_is_an_error_not_the_defaults() {
         assert!(e.to_string().contains("empty"), "{e}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pages_load_without_the_key_and_only_perchs_own_pages_change_settings() {
+    let s = setup();
+    let extra =
+        "draft = \"none\"\napi_key = \"sekrit\"\nallowed_origins = [\"http://localhost:5173\"]";
+    std::fs::write(&s.config, settings_text(&s.models, extra)).unwrap();
+    let sup = running(&s).await;
+    let url = sup.url();
+    // The pages load without the key (they ask for it); the API still needs it.
+    for page in ["/", "/app.js", "/style.css"] {
+        let r = client().get(format!("{url}{page}")).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{page}");
+    }
+    assert_eq!(get(&url, "/v1/models").await.0, 401);
+    assert_eq!(get(&url, "/api/status").await.0, 401);
+    let write = |origin: Option<&str>, content_type: Option<&str>, body: &'static str| {
+        let mut r =
+            client().post(format!("{url}/api/models/select")).bearer_auth("sekrit").body(body);
+        if let Some(o) = origin {
+            r = r.header("Origin", o);
+        }
+        if let Some(t) = content_type {
+            r = r.header("Content-Type", t);
+        }
+        r.send()
+    };
+    let own = url.clone();
+    let json_type = Some("application/json");
+    let select = r#"{"id":"chat"}"#;
+    // An origin allowed to use the API may not change Perch itself; Perch's own page may.
+    let r = write(Some("http://localhost:5173"), json_type, select).await.unwrap();
+    assert_eq!(r.status(), 403);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "origin_not_allowed", "{e}");
+    assert_eq!(write(Some(&own), json_type, select).await.unwrap().status(), 200);
+    // The allowed origin still reads and generates.
+    let r = client()
+        .get(format!("{url}/v1/models"))
+        .bearer_auth("sekrit")
+        .header("Origin", "http://localhost:5173")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // Bodies that need no CORS preflight (a form, text/plain) are refused, as is a typeless one.
+    for t in [Some("text/plain"), Some("application/x-www-form-urlencoded"), None] {
+        let r = write(None, t, select).await.unwrap();
+        assert_eq!(r.status(), 415, "{t:?}");
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["code"], "unsupported_media_type", "{e}");
+    }
+    assert_eq!(
+        write(None, Some("application/json; charset=utf-8"), select).await.unwrap().status(),
+        200
+    );
+    // A write without a body needs no type (the page's cancel buttons send none).
+    let r = client().post(format!("{url}/api/downloads/999/cancel")).bearer_auth("sekrit").send();
+    assert_ne!(r.await.unwrap().status(), 415);
+    sup.shutdown().await;
+}

@@ -1,6 +1,8 @@
 //! What a request must pass before any handler runs: a `Host` that names this machine (DNS
 //! rebinding), an `Origin` that is allowed (CORS; cross-site pages may not even start a
-//! generation), and the API key when one is set.
+//! generation), and the API key when one is set. The static pages need no key (they ask for
+//! it); requests that change the app (`/api/` writes) come only from Perch's own pages, with
+//! JSON bodies.
 
 use std::sync::Arc;
 
@@ -32,14 +34,52 @@ pub fn host_allowed(host: &str, extra: &[String]) -> bool {
         || extra.iter().any(|e| e.eq_ignore_ascii_case(&name))
 }
 
-/// The origins whose pages may call the API: configured ones, the engine's own UI (same
-/// origin), and the desktop app's webview.
-fn origin_allowed(origin: &str, headers: &HeaderMap, allowed: &[String]) -> bool {
+/// Perch's own pages: the engine's UI (same origin) and the desktop app's webview.
+fn own_origin(origin: &str, headers: &HeaderMap) -> bool {
     let own =
         headers.get(header::HOST).and_then(|h| h.to_str().ok()).map(|h| format!("http://{h}"));
-    allowed.iter().any(|a| a == origin)
-        || own.as_deref() == Some(origin)
+    own.as_deref() == Some(origin)
         || matches!(origin, "tauri://localhost" | "http://tauri.localhost")
+}
+
+/// The origins whose pages may call the API: Perch's own and the configured ones.
+fn origin_allowed(origin: &str, headers: &HeaderMap, allowed: &[String]) -> bool {
+    own_origin(origin, headers) || allowed.iter().any(|a| a == origin)
+}
+
+/// A request that changes the app: settings, models, downloads (the control API's writes).
+fn control_write(req: &Request) -> bool {
+    req.uri().path().starts_with("/api/")
+        && matches!(*req.method(), Method::POST | Method::PUT | Method::DELETE | Method::PATCH)
+}
+
+/// Why a control write's body is refused: anything but JSON (a cross-site form or a
+/// `text/plain` beacon needs no CORS preflight), or a body without a type.
+fn body_refusal(headers: &HeaderMap) -> Option<String> {
+    match headers.get(header::CONTENT_TYPE).map(|v| v.to_str().unwrap_or("")) {
+        Some(t)
+            if t.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .eq_ignore_ascii_case("application/json") =>
+        {
+            None
+        }
+        Some(t) => Some(format!("Content-Type `{t}` is not accepted here: send application/json")),
+        None => {
+            let empty = headers.get(header::TRANSFER_ENCODING).is_none()
+                && headers
+                    .get(header::CONTENT_LENGTH)
+                    .is_none_or(|l| l.to_str().ok().and_then(|l| l.parse::<u64>().ok()) == Some(0));
+            (!empty).then(|| "A body needs `Content-Type: application/json`".to_string())
+        }
+    }
+}
+
+/// The UI's static files: served without the key (the page then asks for it).
+fn static_page(req: &Request) -> bool {
+    matches!(*req.method(), Method::GET | Method::HEAD) && super::ui::serves(req.uri().path())
 }
 
 fn key_ok(headers: &HeaderMap, key: &str) -> bool {
@@ -74,8 +114,24 @@ pub async fn guard(State(front): State<Arc<Front>>, req: Request, next: Next) ->
         if req.method() == Method::OPTIONS {
             return cors(StatusCode::NO_CONTENT.into_response(), o);
         }
+        if control_write(&req) && !own_origin(o, headers) {
+            let e = ApiError::new(
+                StatusCode::FORBIDDEN,
+                "permission_error",
+                format!("Origin `{o}` may use the API but not change Perch's settings or models"),
+            )
+            .code("origin_not_allowed");
+            return cors(e.into_response(), o);
+        }
     }
-    if let Some(key) = &config.api_key {
+    if control_write(&req) {
+        if let Some(why) = body_refusal(headers) {
+            let e = ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "invalid_request_error", why)
+                .code("unsupported_media_type");
+            return e.into_response();
+        }
+    }
+    if let Some(key) = config.api_key.as_ref().filter(|_| !static_page(&req)) {
         if !key_ok(headers, key) {
             let e = ApiError::new(
                 StatusCode::UNAUTHORIZED,

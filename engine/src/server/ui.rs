@@ -18,6 +18,11 @@ const FILES: &[(&str, &str, &[u8])] = &[
     ("/icon.png", "image/png", include_bytes!("../../../ui/icon.png")),
 ];
 
+/// Whether `path` is one of the UI's files.
+pub fn serves(path: &str) -> bool {
+    FILES.iter().any(|(p, _, _)| *p == path)
+}
+
 pub fn routes() -> Router<Arc<Front>> {
     FILES.iter().fold(Router::new(), |r, &(path, mime, body)| {
         r.route(
