@@ -7,6 +7,20 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde_json::Value;
 
+/// The file Perch writes into every model folder it installs (imports, downloads): only such
+/// folders may be deleted through the API, wherever the models directory points.
+pub const INSTALLED_MARKER: &str = ".perch-installed";
+
+/// Mark `dir` as installed by Perch.
+pub fn mark_installed(dir: &Path) -> std::io::Result<()> {
+    std::fs::write(dir.join(INSTALLED_MARKER), "installed by Perch; safe to delete from its UI\n")
+}
+
+/// Whether Perch installed `dir` (and may delete it).
+pub fn installed_by_perch(dir: &Path) -> bool {
+    std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) && dir.join(INSTALLED_MARKER).is_file()
+}
+
 #[derive(Debug, Clone)]
 pub struct Catalog {
     pub models_dir: PathBuf,

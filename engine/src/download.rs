@@ -288,6 +288,7 @@ async fn fetch_repo(
     if target.exists() {
         return Err(DownloadError::AlreadyInstalled(job.model_id.clone()));
     }
+    crate::catalog::mark_installed(staging).map_err(io(staging))?;
     tokio::fs::rename(staging, &target).await.map_err(io(&target))?;
     let _ = tokio::fs::remove_dir(models_dir.join(".downloads")).await;
     tracing::info!(repo = %job.repo, dir = %target.display(), "download complete");

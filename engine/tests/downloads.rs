@@ -38,9 +38,12 @@ fn same_as_fixture(dir: &Path) {
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     assert!(
-        names.iter().all(|n| !n.ends_with(".part") && !n.ends_with(".etag") && !n.starts_with('.')),
+        names.iter().all(|n| !n.ends_with(".part")
+            && !n.ends_with(".etag")
+            && (!n.starts_with('.') || n == perch_engine::catalog::INSTALLED_MARKER)),
         "leftovers: {names:?}"
     );
+    assert!(perch_engine::catalog::installed_by_perch(dir), "marked as Perch's own: {names:?}");
     assert!(!names.contains(&"README.md".to_string()), "only model files are fetched");
 }
 

@@ -167,6 +167,40 @@ fn the_tiny_gguf_imports_and_loads() {
 }
 
 #[test]
+fn concurrent_imports_of_one_name_never_share_or_delete_each_others_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = write(tmp.path(), &tiny_gguf(|_| {}));
+    let models = tmp.path().join("models");
+    for overwrite in [false, true] {
+        let _ = std::fs::remove_dir_all(&models);
+        let opts = ImportOptions {
+            name: Some("same".into()),
+            quantize: Quantize::None,
+            dtype: StoreDtype::F32,
+            overwrite,
+        };
+        let results: Vec<_> = std::thread::scope(|s| {
+            let runs: Vec<_> = (0..4).map(|_| s.spawn(|| import(&path, &models, &opts))).collect();
+            runs.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        let ok = results.iter().filter(|r| r.is_ok()).count();
+        for e in results.iter().filter_map(|r| r.as_ref().err()) {
+            assert!(!overwrite && e.to_string().contains("already exists"), "{e}");
+        }
+        // Without overwrite one import wins and the rest are told; with it, all succeed.
+        assert!(if overwrite { ok == 4 } else { ok >= 1 }, "{results:?}");
+        let model = perch_engine::load_model(&models.join("same")).unwrap();
+        assert_eq!(model.tokenizer.encode("a ab", false).unwrap(), [6, 7]);
+        assert!(perch_engine::catalog::installed_by_perch(&models.join("same")));
+        let left: Vec<_> = std::fs::read_dir(&models)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(left, ["same"], "temporary folders left behind");
+    }
+}
+
+#[test]
 fn crafted_headers_are_errors() {
     // A tensor count of 2^44 in a 24-byte file once asked for 1 PB up front and aborted.
     let mut b = b"GGUF".to_vec();

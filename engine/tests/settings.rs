@@ -262,6 +262,11 @@ async fn the_settings_api_checks_fields_and_applies_live_ones_without_a_restart(
     let (code, e) = call(&url, reqwest::Method::DELETE, "/api/models/mtp", Some(json!({}))).await;
     assert_eq!((code, &e["error"]["code"]), (400, &json!("model_in_use")), "{e}");
     call(&url, reqwest::Method::POST, "/api/models/select", Some(json!({"id": "chat"}))).await;
+    // A folder Perch did not install (this one was copied in by hand) is never deleted.
+    let (code, e) = call(&url, reqwest::Method::DELETE, "/api/models/mtp", Some(json!({}))).await;
+    assert_eq!((code, &e["error"]["code"]), (400, &json!("not_installed_by_perch")), "{e}");
+    assert!(s.models.join("mtp/config.json").exists());
+    perch_engine::catalog::mark_installed(&s.models.join("mtp")).unwrap();
     let (code, _) = call(&url, reqwest::Method::DELETE, "/api/models/mtp", Some(json!({}))).await;
     assert_eq!(code, 200);
     assert!(!s.models.join("mtp").exists());
@@ -363,6 +368,11 @@ async fn a_gguf_imported_through_the_api_becomes_an_installed_model() {
         "{m}"
     );
     assert!(m["size_bytes"].as_u64().unwrap() > 100_000_000, "{m}");
+    // What Perch imported, Perch may delete.
+    let (code, r) =
+        call(&url, reqwest::Method::DELETE, "/api/models/gemma-imported", Some(json!({}))).await;
+    assert_eq!(code, 200, "{r}");
+    assert!(!s.models.join("gemma-imported").exists());
     sup.shutdown().await;
 }
 

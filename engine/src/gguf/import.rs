@@ -50,20 +50,58 @@ pub fn import(gguf_path: &Path, models_dir: &Path, opts: &ImportOptions) -> Resu
         )));
     }
     std::fs::create_dir_all(models_dir).map_err(EngineError::io(models_dir))?;
-    // A hidden sibling, so the rename is atomic and `perch models` never lists it.
-    let tmp = models_dir.join(format!(".import-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(EngineError::io(&tmp))?;
-    let result = write_model(&g, &arch, &tmp, opts);
-    if let Err(e) = result {
-        let _ = std::fs::remove_dir_all(&tmp);
-        return Err(e);
+    // A hidden sibling of its own (two imports of one name never share it), so the rename is
+    // atomic and `perch models` never lists it; removed on every path, a panic included.
+    let tmp = TempDir::new(models_dir, &name)?;
+    write_model(&g, &arch, &tmp.0, opts)?;
+    crate::catalog::mark_installed(&tmp.0).map_err(EngineError::io(&tmp.0))?;
+    // Another import of this name may finish meanwhile: replace it only when asked to (a
+    // rename never replaces a folder that has files, so a lost race is seen, not clobbered).
+    let exists = || {
+        EngineError::InvalidRequest(format!(
+            "{} already exists (use --overwrite)",
+            target.display()
+        ))
+    };
+    for attempt in 0.. {
+        if target.exists() {
+            if !opts.overwrite {
+                return Err(exists());
+            }
+            match std::fs::remove_dir_all(&target) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(EngineError::io(&target)(e))
+                }
+                _ => {}
+            }
+        }
+        match std::fs::rename(&tmp.0, &target) {
+            Ok(()) => break,
+            Err(_) if target.exists() && attempt < 8 => continue,
+            Err(e) => return Err(EngineError::io(&target)(e)),
+        }
     }
-    if target.exists() {
-        std::fs::remove_dir_all(&target).map_err(EngineError::io(&target))?;
-    }
-    std::fs::rename(&tmp, &target).map_err(EngineError::io(&target))?;
     Ok(target)
+}
+
+/// A unique hidden folder beside the target, removed when dropped unless renamed away.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(models_dir: &Path, name: &str) -> Result<TempDir> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = models_dir.join(format!(".import-{name}-{}-{n}", std::process::id()));
+        // `create_dir` (not `_all`) fails on a folder that is already there: never shared.
+        std::fs::create_dir(&dir).map_err(EngineError::io(&dir))?;
+        Ok(TempDir(dir))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn default_name(path: &Path) -> String {

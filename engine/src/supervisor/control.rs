@@ -175,6 +175,18 @@ async fn delete_model(State(sup): S, Path(id): Path<String>) -> Reply {
         .into_iter()
         .find(|m| m.id == id)
         .ok_or_else(|| ApiError::model_not_found(&id))?;
+    // The models directory can point anywhere: only folders Perch installed are deleted.
+    if !crate::catalog::installed_by_perch(&m.path) {
+        return Err(ApiError::invalid(
+            "id",
+            format!(
+                "`{id}` was not installed by Perch (no {} in {}); remove that folder yourself",
+                crate::catalog::INSTALLED_MARKER,
+                m.path.display()
+            ),
+        )
+        .code("not_installed_by_perch"));
+    }
     if let Some(app) = sup.app() {
         app.engine.unload(&id).await?;
     }
