@@ -171,8 +171,15 @@ impl Catalog {
 fn snapshot_of(repo_dir: &Path) -> Option<PathBuf> {
     let snapshots = repo_dir.join("snapshots");
     if let Ok(rev) = std::fs::read_to_string(repo_dir.join("refs/main")) {
-        let dir = snapshots.join(rev.trim());
-        if dir.is_dir() {
+        // A commit hash names a folder in `snapshots/`; anything else (`..`, a path) could
+        // point outside the cache and is ignored.
+        let rev = rev.trim();
+        let plain = !rev.is_empty()
+            && rev != "."
+            && rev != ".."
+            && rev.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+        let dir = snapshots.join(rev);
+        if plain && dir.is_dir() {
             return Some(dir);
         }
     }
@@ -227,7 +234,7 @@ mod tests {
                 ("mlx-community/Tiny-4bit".into(), Source::HfCache, "mlx f32".into())
             ]
         );
-        assert_eq!(c.resolve("mlx-community/Tiny-4bit"), Some(snap));
+        assert_eq!(c.resolve("mlx-community/Tiny-4bit"), Some(snap.clone()));
         assert!(
             c.hf_cached()[0].size_bytes >= 1000,
             "sizes follow the snapshot's links into blobs/"
@@ -235,6 +242,12 @@ mod tests {
         assert_eq!(c.resolve("mine"), Some(models.join("mine")));
         for bad in ["x/bert", "../models/mine", "", ".hidden", "/etc"] {
             assert_eq!(c.resolve(bad), None, "{bad}");
+        }
+        // A `refs/main` that climbs out of the cache (here to the installed model) is ignored;
+        // the newest snapshot is used instead.
+        for escape in ["../../../models/mine", "/etc", "..", "abc123/../../../../models/mine"] {
+            std::fs::write(repo.join("refs/main"), escape).unwrap();
+            assert_eq!(c.resolve("mlx-community/Tiny-4bit"), Some(snap.clone()), "{escape}");
         }
     }
 }

@@ -5,6 +5,10 @@
 //! download of the same repo picks up the parts left by an interrupted one, and only a
 //! complete model is renamed into the models directory. Cancelling removes the staging
 //! directory: nothing half-written remains.
+//!
+//! The hub is as untrusted as any download: HTTPS only (plain HTTP on loopback, for mirrors
+//! and tests), a capped listing, no file written past its listed size, and every file with a
+//! listed sha256 checked before it is kept.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -18,6 +22,10 @@ use tokio::io::AsyncWriteExt;
 
 /// Attempts per file before a download is marked failed (its parts stay for a resume).
 const ATTEMPTS: u32 = 6;
+/// Bytes a repository listing may take (a large real repo lists in well under 1 MB).
+const LISTING_MAX_BYTES: usize = 16 << 20;
+/// Finished jobs kept for the downloads list.
+const FINISHED_KEPT: usize = 32;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DownloadError {
@@ -33,6 +41,8 @@ pub enum DownloadError {
     NotAModel(String),
     #[error("{0}")]
     Http(String),
+    #[error("`{0}` is not a hub to download from: use https (plain http only on this machine)")]
+    Insecure(String),
     #[error("{0}: {1}")]
     Io(PathBuf, std::io::Error),
     #[error("cancelled")]
@@ -125,7 +135,18 @@ fn valid_repo(repo: &str) -> bool {
 
 impl Downloads {
     pub fn new() -> Arc<Downloads> {
+        // A redirect may not leave HTTPS (a CDN's plain-http mirror could hand anything back).
+        let redirects = reqwest::redirect::Policy::custom(|a| {
+            if a.previous().len() >= 10 {
+                a.error("too many redirects")
+            } else if secure(a.url()) {
+                a.follow()
+            } else {
+                a.error("a redirect to plain http")
+            }
+        });
         let client = reqwest::Client::builder()
+            .redirect(redirects)
             .connect_timeout(Duration::from_secs(15))
             .read_timeout(Duration::from_secs(60))
             .user_agent(concat!("perch/", env!("CARGO_PKG_VERSION")))
@@ -164,6 +185,9 @@ impl Downloads {
         if !valid_repo(repo) {
             return Err(DownloadError::BadRepo(repo.to_string()));
         }
+        if !reqwest::Url::parse(endpoint).is_ok_and(|u| secure(&u)) {
+            return Err(DownloadError::Insecure(endpoint.to_string()));
+        }
         let model_id = repo.split('/').nth(1).unwrap_or(repo).to_string();
         if models_dir.join(&model_id).exists() {
             return Err(DownloadError::AlreadyInstalled(model_id));
@@ -177,6 +201,14 @@ impl Downloads {
             if jobs.iter().any(|j| j.repo == repo && j.view().state == State::Running) {
                 return Err(DownloadError::AlreadyRunning(repo.to_string()));
             }
+            // Keep the newest finished jobs; running ones always stay.
+            let finished = jobs.iter().filter(|j| j.view().state != State::Running).count();
+            let mut drop = finished.saturating_sub(FINISHED_KEPT - 1);
+            jobs.retain(|j| {
+                let gone = drop > 0 && j.view().state != State::Running;
+                drop -= usize::from(gone);
+                !gone
+            });
             let job = Arc::new(Job {
                 id: self.next.fetch_add(1, Ordering::Relaxed),
                 repo: repo.to_string(),
@@ -229,6 +261,53 @@ struct RepoInfo {
 struct Sibling {
     rfilename: String,
     size: Option<u64>,
+    /// Large files are stored in LFS; the listing (`?blobs=true`) gives their hash.
+    lfs: Option<Lfs>,
+}
+
+#[derive(serde::Deserialize)]
+struct Lfs {
+    sha256: Option<String>,
+    size: Option<u64>,
+}
+
+impl Sibling {
+    fn size(&self) -> Option<u64> {
+        self.lfs.as_ref().and_then(|l| l.size).or(self.size)
+    }
+
+    fn sha256(&self) -> Option<&str> {
+        self.lfs.as_ref()?.sha256.as_deref()
+    }
+}
+
+/// HTTPS anywhere, plain HTTP only on this machine.
+fn secure(url: &reqwest::Url) -> bool {
+    match url.scheme() {
+        "https" => true,
+        "http" => url.host_str().is_some_and(|h| {
+            h == "localhost"
+                || h.ends_with(".localhost")
+                || h.trim_matches(['[', ']'])
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        }),
+        _ => false,
+    }
+}
+
+/// A response body of at most `max` bytes.
+async fn capped_body(resp: reqwest::Response, max: usize) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    let mut body = resp.bytes_stream();
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| e.to_string())?;
+        if out.len() + chunk.len() > max {
+            return Err(format!("the listing is larger than {max} bytes"));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
 }
 
 async fn fetch_repo(
@@ -248,9 +327,10 @@ async fn fetch_repo(
     if !resp.status().is_success() {
         return Err(DownloadError::Http(format!("{url}: HTTP {}", resp.status())));
     }
-    let info: RepoInfo = resp
-        .json()
+    let bytes = capped_body(resp, LISTING_MAX_BYTES)
         .await
+        .map_err(|e| DownloadError::Http(format!("{url}: {e}")))?;
+    let info: RepoInfo = serde_json::from_slice(&bytes)
         .map_err(|e| DownloadError::Http(format!("{url}: not a repository listing: {e}")))?;
     let files: Vec<&Sibling> = info.siblings.iter().filter(|s| wanted(&s.rfilename)).collect();
     if !files.iter().any(|f| f.rfilename == "config.json")
@@ -272,14 +352,16 @@ async fn fetch_repo(
         tokio::fs::create_dir_all(staging).await.map_err(io(staging))?;
         tokio::fs::write(&marker, &sha).await.map_err(io(&marker))?;
     }
-    job.total.store(files.iter().filter_map(|f| f.size).sum(), Ordering::Relaxed);
+    let total = files.iter().filter_map(|f| f.size()).fold(0u64, u64::saturating_add);
+    job.total.store(total, Ordering::Relaxed);
     for f in &files {
         if job.cancel.load(Ordering::Relaxed) {
             return Err(DownloadError::Cancelled);
         }
         job.state.locked().2 = f.rfilename.clone();
         let url = format!("{endpoint}/{}/resolve/{sha}/{}", job.repo, f.rfilename);
-        fetch_file(client, &url, job, &staging.join(&f.rfilename), f.size).await?;
+        let listed = Listed { size: f.size(), sha256: f.sha256() };
+        fetch_file(client, &url, job, &staging.join(&f.rfilename), listed).await?;
     }
     for f in [".revision"].iter().map(|n| staging.join(n)) {
         let _ = tokio::fs::remove_file(f).await;
@@ -295,14 +377,47 @@ async fn fetch_repo(
     Ok(())
 }
 
+/// What the listing says of a file.
+struct Listed<'a> {
+    size: Option<u64>,
+    sha256: Option<&'a str>,
+}
+
+/// Whether `path` hashes to `sha256` (hex; any case), read off the async threads.
+async fn hash_matches(path: &Path, sha256: &str) -> std::io::Result<bool> {
+    use sha2::{Digest, Sha256};
+    let (path, want) = (path.to_path_buf(), sha256.to_ascii_lowercase());
+    tokio::task::spawn_blocking(move || {
+        let mut hasher = Sha256::new();
+        std::io::copy(&mut std::fs::File::open(path)?, &mut hasher)?;
+        let got: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+        Ok(got == want)
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
+/// Whether a complete `part` may be kept: it has the listed hash (when one is listed). A part
+/// that does not is deleted, so the next attempt starts over.
+async fn keep(part: &Path, listed: &Listed<'_>) -> std::io::Result<bool> {
+    let Some(sha) = listed.sha256 else { return Ok(true) };
+    let ok = hash_matches(part, sha).await?;
+    if !ok {
+        tracing::warn!(part = %part.display(), "sha256 mismatch; starting the file over");
+        tokio::fs::remove_file(part).await?;
+    }
+    Ok(ok)
+}
+
 /// Download one file to `dest` through `dest.part`, resuming the part where it stopped.
 async fn fetch_file(
     client: &reqwest::Client,
     url: &str,
     job: &Job,
     dest: &Path,
-    size: Option<u64>,
+    listed: Listed<'_>,
 ) -> Result<(), DownloadError> {
+    let size = listed.size;
     if let (Ok(m), Some(size)) = (tokio::fs::metadata(dest).await, size) {
         if m.len() == size {
             job.done.fetch_add(size, Ordering::Relaxed);
@@ -376,11 +491,17 @@ async fn fetch_file(
         let mut written = start;
         let mut body = resp.bytes_stream();
         let mut cut = None;
+        let mut too_long = false;
         while let Some(chunk) = body.next().await {
             if job.cancel.load(Ordering::Relaxed) {
                 return Err(DownloadError::Cancelled);
             }
             match chunk {
+                // Never write past the listed size: a hub that sends more is refused.
+                Ok(bytes) if size.is_some_and(|s| written + bytes.len() as u64 > s) => {
+                    too_long = true;
+                    break;
+                }
                 Ok(bytes) => {
                     out.write_all(&bytes).await.map_err(io)?;
                     written += bytes.len() as u64;
@@ -394,6 +515,12 @@ async fn fetch_file(
         }
         out.flush().await.map_err(io)?;
         drop(out);
+        if too_long {
+            let _ = tokio::fs::remove_file(&part).await;
+            job.done.store(base, Ordering::Relaxed);
+            last_error = format!("{url}: the body is longer than the listed {written}+ bytes");
+            continue;
+        }
         // What this attempt counted is recounted by the next one from the part's length.
         job.done.store(base, Ordering::Relaxed);
         if let Some(e) = cut {
@@ -409,6 +536,10 @@ async fn fetch_file(
             }
             continue;
         }
+        if !keep(&part, &listed).await.map_err(io)? {
+            last_error = format!("{url}: the file does not match the listed sha256");
+            continue;
+        }
         job.done.store(base + written, Ordering::Relaxed);
         tokio::fs::rename(&part, dest).await.map_err(io)?;
         let _ = tokio::fs::remove_file(&etag_file).await;
@@ -416,6 +547,7 @@ async fn fetch_file(
     }
     if Some(tokio::fs::metadata(&part).await.map(|m| m.len()).unwrap_or(0)) == size
         && size.is_some()
+        && keep(&part, &listed).await.map_err(io)?
     {
         tokio::fs::rename(&part, dest).await.map_err(io)?;
         job.done.fetch_add(size.unwrap_or(0), Ordering::Relaxed);

@@ -168,3 +168,52 @@ fn walk(dir: &Path) -> Vec<String> {
     }
     out
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_that_lies_gets_nothing_installed() {
+    let weights = "model.safetensors";
+    // More bytes than it listed: never written past the listed size, and not installed.
+    let (h, url) = common::hub::hub().await;
+    let listed = h.files[weights].len() as u64 - 100;
+    h.listed_size.lock().unwrap().insert(weights.into(), listed);
+    let models = tempfile::tempdir().unwrap();
+    let d = Downloads::new();
+    let j = finish(&d, d.start(REPO, None, &url, models.path()).unwrap().id).await;
+    assert_eq!(j.state, JobState::Failed, "{j:?}");
+    assert!(j.error.as_deref().unwrap().contains("longer than the listed"), "{j:?}");
+    assert!(!models.path().join("tiny-qwen3").exists());
+    for f in walk(models.path()) {
+        let len = std::fs::metadata(&f).map(|m| m.len()).unwrap_or(0);
+        assert!(len <= listed, "{f} has {len} bytes, past the listed {listed}");
+    }
+
+    // A file whose bytes do not hash to the listed sha256.
+    let (h, url) = common::hub::hub().await;
+    h.listed_sha256.lock().unwrap().insert(weights.into(), "ab".repeat(32));
+    let models = tempfile::tempdir().unwrap();
+    let j = finish(&d, d.start(REPO, None, &url, models.path()).unwrap().id).await;
+    assert_eq!(j.state, JobState::Failed, "{j:?}");
+    assert!(j.error.as_deref().unwrap().contains("sha256"), "{j:?}");
+    assert!(!models.path().join("tiny-qwen3").exists());
+
+    // A listing past the cap.
+    let (h, url) = common::hub::hub().await;
+    h.listing_pad.store(17 << 20, Ordering::Relaxed);
+    let models = tempfile::tempdir().unwrap();
+    let j = finish(&d, d.start(REPO, None, &url, models.path()).unwrap().id).await;
+    assert_eq!(j.state, JobState::Failed, "{j:?}");
+    assert!(j.error.as_deref().unwrap().contains("larger than"), "{j:?}");
+    assert_eq!(h.requests.load(Ordering::Relaxed), 0, "no file was requested");
+
+    // Plain http is for this machine only.
+    for insecure in ["http://example.com", "http://192.168.1.5:8080", "ftp://127.0.0.1", "nonsense"]
+    {
+        let e = d.start(REPO, None, insecure, models.path()).unwrap_err().to_string();
+        assert!(e.contains("https"), "{insecure}: {e}");
+    }
+    for (repo, local) in
+        [("perch-test/a", "http://localhost:1"), ("perch-test/b", "http://[::1]:1")]
+    {
+        assert!(d.start(repo, None, local, models.path()).is_ok(), "{local}");
+    }
+}

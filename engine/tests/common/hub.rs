@@ -30,6 +30,16 @@ pub struct Hub {
     pub slow_ms: AtomicU64,
     pub ranges: Mutex<Vec<String>>,
     pub requests: AtomicU64,
+    /// What the listing claims instead of the truth: sizes and LFS hashes by file.
+    pub listed_size: Mutex<HashMap<String, u64>>,
+    pub listed_sha256: Mutex<HashMap<String, String>>,
+    /// Bytes of filler added to the listing.
+    pub listing_pad: AtomicU64,
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn etag(file: &str) -> String {
@@ -44,10 +54,25 @@ async fn listing(
         return (StatusCode::NOT_FOUND, Json(json!({"error": "Repository not found"})))
             .into_response();
     }
-    let mut siblings: Vec<_> =
-        hub.files.iter().map(|(f, b)| json!({"rfilename": f, "size": b.len()})).collect();
+    let sizes = hub.listed_size.lock().unwrap().clone();
+    let shas = hub.listed_sha256.lock().unwrap().clone();
+    let mut siblings: Vec<_> = hub
+        .files
+        .iter()
+        .map(|(f, b)| {
+            let size = sizes.get(f).copied().unwrap_or(b.len() as u64);
+            // Like the hub, weights are LFS files listed with their sha256.
+            if f.ends_with(".safetensors") {
+                let sha = shas.get(f).cloned().unwrap_or_else(|| sha256_hex(b));
+                json!({"rfilename": f, "size": size, "lfs": {"sha256": sha, "size": size}})
+            } else {
+                json!({"rfilename": f, "size": size})
+            }
+        })
+        .collect();
     siblings.push(json!({"rfilename": "README.md", "size": 5}));
-    Json(json!({"id": REPO, "sha": SHA, "siblings": siblings})).into_response()
+    let pad = "x".repeat(hub.listing_pad.load(Ordering::Relaxed) as usize);
+    Json(json!({"id": REPO, "sha": SHA, "siblings": siblings, "pad": pad})).into_response()
 }
 
 async fn resolve(
