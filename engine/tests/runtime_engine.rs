@@ -194,3 +194,53 @@ async fn load_time_mtp_warmup_warms_or_leaves_it_to_the_first_request() {
         "the first MTP request did not mark the model warm"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_finishes_for_the_engine_when_its_client_leaves() {
+    use perch_engine::runtime::warmup::WarmupOutcome;
+    let _serial = SERIAL.lock().await;
+    let ladder =
+        LadderConfig { idle_grace: Duration::ZERO, ..LadderConfig::profile("default").unwrap() };
+    let cfg = EngineConfig { draft: "mtp".into(), ..config(ladder) };
+    let engine = Arc::new(Engine::start(cfg).unwrap());
+    engine.start_background();
+    // Hold the MLX thread, so the load below waits there, surely in progress.
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let busy = engine.mlx.submit(move |_| Ok(held.recv().ok())).unwrap();
+    // A client asks for the MTP model (not loaded) and hangs up while it loads.
+    let turn = Turn {
+        max_tokens: Some(4),
+        ..Turn::new(MTP_FIXTURE.parse().unwrap(), Prompt::Tokens(golden(MTP_FIXTURE).prompt_ids))
+    };
+    let client = tokio::spawn(Arrival::now(&engine).run(turn));
+    let t = Instant::now();
+    while !engine.loading().contains(&MTP_FIXTURE.to_string()) {
+        assert!(t.elapsed() < Duration::from_secs(10), "the load never started");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    client.abort();
+    assert!(client.await.unwrap_err().is_cancelled());
+    release.send(()).unwrap();
+    busy.await.unwrap().unwrap();
+    // The engine still publishes the model, runs its load-time warmup to an outcome and starts
+    // its ladder; nothing is left leased.
+    loop {
+        let m = engine.resident_snapshot().into_iter().find(|m| m.id == MTP_FIXTURE);
+        let ladder = engine.ladder_status();
+        if let Some(m) = m.filter(|m| m.load_time_warmup != WarmupOutcome::NotApplicable) {
+            if ladder.model.as_deref() == Some(MTP_FIXTURE) && ladder.state != LadderState::Idle {
+                assert_eq!(m.load_time_warmup, WarmupOutcome::Warm, "{m:?}");
+                break;
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "not published and warmed: {:?} {ladder:?}",
+            engine.resident_snapshot()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(engine.loading().is_empty());
+    engine.stop_background();
+    assert!(engine.leases.drain(None, Duration::from_secs(10)).await, "a lease leaked");
+}

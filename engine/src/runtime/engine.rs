@@ -159,6 +159,8 @@ pub struct Engine {
     known: Mutex<HashMap<String, ModelInfo>>,
     /// One load or unload at a time.
     load_lock: tokio::sync::Mutex<()>,
+    /// Models loading now (for /health).
+    loading: Mutex<Vec<String>>,
     /// The last ladder started, for /health.
     ladder: Mutex<Arc<WarmupLadder>>,
     /// Hears of every user turn and of unloads (training, docs/training.md).
@@ -190,6 +192,7 @@ impl Engine {
             resident: Mutex::new(Vec::new()),
             known: Mutex::new(HashMap::new()),
             load_lock: tokio::sync::Mutex::new(()),
+            loading: Mutex::new(Vec::new()),
             ladder: Mutex::new(WarmupLadder::disabled()),
             observer: RwLock::new(None),
             last_turn: Mutex::new(None),
@@ -359,6 +362,24 @@ impl Engine {
             return Ok(lease);
         }
         let info = self.model_info(id)?;
+        // The load and its warmup belong to the engine, not to the request that asked: they
+        // run to their end (published, warmed, ladder started) even if that client hangs up,
+        // and a later request finds the model resident.
+        let (engine, owned) = (self.clone(), id.to_string());
+        tokio::spawn(async move { engine.load(owned, info).await })
+            .await
+            .map_err(|e| EngineError::Internal(format!("loading stopped: {e}")))?
+    }
+
+    /// Ids of the models loading now.
+    pub fn loading(&self) -> Vec<String> {
+        self.loading.locked().clone()
+    }
+
+    async fn load(self: Arc<Self>, id: String, info: ModelInfo) -> Result<Lease> {
+        let id = id.as_str();
+        self.loading.locked().push(id.to_string());
+        let loading = Loading(&self.loading, id);
         let guard = self.load_lock.lock().await;
         if let Some(lease) = self.lease_if_resident(id) {
             return Ok(lease);
@@ -389,6 +410,7 @@ impl Engine {
             .map_err(|_| EngineError::Internal("loading failed on the MLX thread".into()))??;
         let loaded = self.capped(ModelInfo { id: id.to_string(), ..loaded });
         self.publish(loaded);
+        drop(loading);
         // Leased from publication through the warmup (docs/runtime.md §3).
         let warm_lease = self.leases.acquire(id);
         let lease = self.leases.acquire(id);
@@ -469,6 +491,15 @@ impl Engine {
         if let Some(o) = self.observer() {
             o.stop(None, "the engine is stopping");
         }
+    }
+}
+
+/// Takes `id` off the loading list when the load ends, however it ends.
+struct Loading<'a>(&'a Mutex<Vec<String>>, &'a str);
+
+impl Drop for Loading<'_> {
+    fn drop(&mut self) {
+        self.0.locked().retain(|m| m != self.1);
     }
 }
 

@@ -30,6 +30,7 @@ pub async fn health(State(app): State<Arc<App>>) -> Response {
         "gate": e.gate.snapshot(),
         "model": resident.last(),
         "models": resident,
+        "loading": e.loading(),
         "draft": e.config.draft,
         "leases": {"total": e.leases.total(), "by_model": e.leases.snapshot()},
         "mtp": resident.last().map(|m| json!({"present": m.mtp, "warm": m.mtp_warm, "load_time_warmup": m.load_time_warmup})),
