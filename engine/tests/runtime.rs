@@ -281,3 +281,63 @@ fn rungs_past_the_context_are_dropped_and_profiles_parse() {
     );
     assert!(LadderConfig::profile("warp").is_none());
 }
+
+/// Wait until the ladder is in a rung with at least one chunk of it done.
+async fn mid_rung(s: &Setup) {
+    within(async {
+        while s.ladder.status().state != LadderState::Running {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    // One chunk is 30 ms: 45 ms in, the rung has done work a user would make it lose.
+    tokio::time::sleep(Duration::from_millis(45)).await;
+}
+
+/// A real turn: arrives, queues for the gate, generates, ends.
+async fn turn(s: &Setup) {
+    let mut user = s.fg.arrive();
+    user.queue();
+    let p = within(s.gate.acquire(Policy::WaitForTurn)).await.unwrap();
+    user.start();
+    drop(p);
+}
+
+#[tokio::test]
+async fn the_interruption_cap_counts_per_rung() {
+    let s = setup(Duration::ZERO, 30);
+    let run = s.start();
+    // Two interruptions of each rung (the cap is 3): each rung still gets warmed.
+    for rung in [200, 400] {
+        for _ in 0..2 {
+            mid_rung(&s).await;
+            turn(&s).await;
+        }
+        within(async {
+            while !s.ladder.status().rungs_done.contains(&rung) {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await;
+    }
+    within(run).await.unwrap();
+    let st = s.ladder.status();
+    assert_eq!((st.state, st.interruptions), (LadderState::Done, 4));
+}
+
+#[tokio::test]
+async fn arrivals_that_never_queue_do_not_count_as_interruptions() {
+    let s = setup(Duration::ZERO, 30);
+    let run = s.start();
+    // Five bodies that fail to parse (or clients that leave before queueing), mid-rung: the
+    // rung yields to each, but none is a turn that could abandon the ladder.
+    for _ in 0..5 {
+        mid_rung(&s).await;
+        let arrival = s.fg.arrive();
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        drop(arrival);
+    }
+    within(run).await.unwrap();
+    let st = s.ladder.status();
+    assert_eq!((st.state, st.interruptions, st.rungs_done), (LadderState::Done, 0, vec![200, 400]));
+}

@@ -14,6 +14,8 @@ struct State {
     /// Arrived (stamped) but neither queued, running nor finished yet: being parsed/tokenized.
     arriving: usize,
     requests_completed: u64,
+    /// Requests that ever reached the gate's queue (real turns, not bodies that failed).
+    requests_queued: u64,
     last_request_at: Option<Instant>,
     last_arrival_at: Option<Instant>,
 }
@@ -89,6 +91,11 @@ impl Foreground {
         }
     }
 
+    /// How many requests have ever reached the gate's queue.
+    pub fn requests_queued(&self) -> u64 {
+        self.lock().requests_queued
+    }
+
     /// Any user work in flight: arriving, queued or generating.
     pub fn busy(&self) -> bool {
         let s = self.lock();
@@ -112,7 +119,10 @@ impl UserRequest {
         dec(&mut s, self.phase);
         match to {
             Phase::Arrived => s.arriving += 1,
-            Phase::Queued => s.queued += 1,
+            Phase::Queued => {
+                s.queued += 1;
+                s.requests_queued += 1;
+            }
             Phase::Active => s.active += 1,
         }
         self.phase = to;

@@ -26,7 +26,8 @@ pub struct LadderConfig {
     /// After a user request, quiet time before the ladder may run (0: none).
     #[serde(serialize_with = "secs")]
     pub idle_grace: Duration,
-    /// A rung interrupted this many times ends the ladder (`abandoned_busy`).
+    /// A rung interrupted this many times ends the ladder (`abandoned_busy`). Only
+    /// interruptions that cost work and came from a real turn count (see `run`).
     pub max_interruptions: u32,
 }
 
@@ -129,6 +130,9 @@ pub trait RungWork: Send + Sync {
 
 enum RungEnd {
     Done,
+    /// Stopped for a user before any chunk ran.
+    Yielded,
+    /// Stopped for a user after some of its work ran (that work is lost).
     Interrupted,
     Failed,
 }
@@ -205,6 +209,10 @@ impl WarmupLadder {
             return;
         }
         let mut left: VecDeque<usize> = self.cfg.rungs.iter().copied().collect();
+        // Interruptions of the current rung, and one not judged yet: the requests queued
+        // when it happened (the arrival was still being parsed).
+        let mut rung_interruptions = 0u32;
+        let mut unjudged: Option<u64> = None;
         while let Some(&rung) = left.front() {
             if self.stopped() {
                 return;
@@ -221,6 +229,13 @@ impl WarmupLadder {
                 tokio::time::sleep(POLL).await;
                 continue;
             };
+            // Quiet again: an arrival that never queued (a body that failed to parse, a client
+            // that left) was no real turn and does not count.
+            if let Some(mark) = unjudged.take() {
+                if fg.requests_queued() > mark && self.count_interruption(&mut rung_interruptions) {
+                    return;
+                }
+            }
             self.update(|s| {
                 s.state = LadderState::Running;
                 s.current_rung = Some(rung);
@@ -233,6 +248,7 @@ impl WarmupLadder {
             match end {
                 RungEnd::Done | RungEnd::Failed => {
                     left.pop_front();
+                    rung_interruptions = 0;
                     let done = matches!(end, RungEnd::Done);
                     self.update(|s| {
                         if done {
@@ -242,26 +258,44 @@ impl WarmupLadder {
                         s.current_rung = None;
                     });
                 }
+                // Yielded before its first chunk: no work lost, nothing to count.
+                RungEnd::Yielded => self.update(|s| {
+                    s.current_rung = None;
+                    s.state = LadderState::Waiting;
+                }),
                 RungEnd::Interrupted => {
-                    let mut abandoned = false;
                     self.update(|s| {
-                        s.interruptions += 1;
                         s.current_rung = None;
-                        abandoned = s.interruptions >= self.cfg.max_interruptions;
-                        s.state = if abandoned {
-                            LadderState::AbandonedBusy
-                        } else {
-                            LadderState::Waiting
-                        };
+                        s.state = LadderState::Waiting;
                     });
-                    if abandoned {
-                        tracing::info!("warmup ladder abandoned: the engine is too busy");
-                        return;
+                    let f = fg.snapshot();
+                    if f.foreground_queued + f.foreground_active > 0 {
+                        if self.count_interruption(&mut rung_interruptions) {
+                            return;
+                        }
+                    } else {
+                        unjudged = Some(fg.requests_queued());
                     }
                 }
             }
         }
         self.update(|s| s.state = LadderState::Done);
+    }
+
+    /// Count an interruption of the current rung; true when that abandons the ladder.
+    fn count_interruption(&self, rung_interruptions: &mut u32) -> bool {
+        *rung_interruptions += 1;
+        let abandoned = *rung_interruptions >= self.cfg.max_interruptions;
+        self.update(|s| {
+            s.interruptions += 1;
+            if abandoned {
+                s.state = LadderState::AbandonedBusy;
+            }
+        });
+        if abandoned {
+            tracing::info!("warmup ladder abandoned: the engine is too busy");
+        }
+        abandoned
     }
 
     /// Prefill then decode, checking for users between every chunk and step.
@@ -271,7 +305,7 @@ impl WarmupLadder {
         let yield_now = || fg.busy() || self.stopped();
         while start < rung {
             if yield_now() {
-                return RungEnd::Interrupted;
+                return if start == 0 { RungEnd::Yielded } else { RungEnd::Interrupted };
             }
             let len = chunk.min(rung - start);
             if let Err(e) = work.prefill_chunk(rung, start, len).await {
