@@ -65,6 +65,12 @@ pub struct Settings {
     pub warmup_profile: String,
     /// Quiet seconds after a request before background warmup may run.
     pub idle_grace_s: f64,
+    /// Tokens per warmup-ladder prefill chunk: the longest a user waits for the ladder.
+    pub ladder_chunk: usize,
+    /// Interruptions of one rung that end the ladder (docs/runtime.md §5).
+    pub ladder_max_interruptions: u32,
+    /// Seconds the load-time MTP warmup may take before it is cancelled (docs/runtime.md §4).
+    pub warmup_deadline_s: f64,
     /// Warm the MTP head right after a model loads (docs/runtime.md §4).
     pub load_warmup: bool,
     /// Speculative decoding: `auto`, `none`, `lookup`, `mtp`, `mtp:N`.
@@ -93,6 +99,9 @@ impl Default for Settings {
             context_length: 0,
             warmup_profile: "default".into(),
             idle_grace_s: 90.0,
+            ladder_chunk: 256,
+            ladder_max_interruptions: 8,
+            warmup_deadline_s: 30.0,
             load_warmup: true,
             draft: "auto".into(),
             keep_alive_s: 1800,
@@ -253,6 +262,25 @@ impl Settings {
                 format!("must be 0 to 86400 seconds, not {}", self.idle_grace_s),
             ));
         }
+        if !(16..=8192).contains(&self.ladder_chunk) {
+            return Err(invalid(
+                "ladder_chunk",
+                format!("must be 16 to 8192 tokens, not {}", self.ladder_chunk),
+            ));
+        }
+        if !(1..=1000).contains(&self.ladder_max_interruptions) {
+            return Err(invalid(
+                "ladder_max_interruptions",
+                format!("must be 1 to 1000, not {}", self.ladder_max_interruptions),
+            ));
+        }
+        if !(self.warmup_deadline_s.is_finite() && (0.1..=600.0).contains(&self.warmup_deadline_s))
+        {
+            return Err(invalid(
+                "warmup_deadline_s",
+                format!("must be 0.1 to 600 seconds, not {}", self.warmup_deadline_s),
+            ));
+        }
         let draft_ok = matches!(self.draft.as_str(), "auto" | "none" | "lookup" | "mtp")
             || self
                 .draft
@@ -389,6 +417,8 @@ impl Settings {
     pub fn engine_config(&self) -> EngineConfig {
         let mut ladder = LadderConfig::profile(&self.warmup_profile).unwrap_or_default();
         ladder.idle_grace = Duration::from_secs_f64(self.idle_grace_s);
+        ladder.chunk = self.ladder_chunk;
+        ladder.max_interruptions = self.ladder_max_interruptions;
         EngineConfig {
             models_dir: self.models_dir(),
             hf_cache: self.catalog().hf_cache,
@@ -396,6 +426,7 @@ impl Settings {
             draft: self.draft.clone(),
             keep_alive: KeepAlive::from_secs(self.keep_alive_s),
             load_warmup: self.load_warmup,
+            warmup_deadline: Duration::from_secs_f64(self.warmup_deadline_s),
             context_length: (self.context_length > 0).then_some(self.context_length),
             ladder,
             ..EngineConfig::default()
@@ -461,8 +492,29 @@ mod tests {
         bad(&|t| t.allowed_origins = vec!["localhost:3000".into()], "allowed_origins");
         bad(&|t| t.sampling.top_p = 0.0, "sampling.top_p");
         bad(&|t| t.context_length = 10, "context_length");
+        bad(&|t| t.ladder_chunk = 0, "ladder_chunk");
+        bad(&|t| t.ladder_max_interruptions = 0, "ladder_max_interruptions");
+        bad(&|t| t.warmup_deadline_s = -1.0, "warmup_deadline_s");
         let typo = Settings::parse("prot = 1234\n", &path).unwrap_err();
         assert!(typo.to_string().contains("prot"), "{typo}");
+    }
+
+    /// The runtime's defaults are the ones docs/runtime.md states.
+    #[test]
+    fn the_runtime_defaults_are_the_documented_ones() {
+        let e = Settings::default().engine_config();
+        let l = &e.ladder;
+        assert_eq!(
+            (l.enabled, l.rungs.clone(), l.chunk, l.decode_tokens, l.max_interruptions),
+            (true, vec![512, 2560], 256, 8, 8)
+        );
+        assert_eq!(
+            (l.idle_grace, e.warmup_deadline),
+            (Duration::from_secs(90), Duration::from_secs(30))
+        );
+        assert!(e.load_warmup);
+        assert_eq!(LadderConfig::profile("turbo").unwrap().rungs, LadderConfig::TURBO);
+        assert_eq!(crate::supervisor::RESTART_GRACE, Duration::from_secs(10));
     }
 
     #[test]

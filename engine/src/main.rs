@@ -108,6 +108,15 @@ enum Command {
         /// Quiet seconds after a request before the ladder may run.
         #[arg(long, default_value_t = 90.0)]
         idle_grace: f64,
+        /// Tokens per ladder prefill chunk (the longest a user waits for the ladder).
+        #[arg(long, default_value_t = 256)]
+        ladder_chunk: usize,
+        /// Interruptions of one rung that end the ladder.
+        #[arg(long, default_value_t = 8)]
+        ladder_max_interruptions: u32,
+        /// Seconds the load-time MTP warmup may take before it is cancelled.
+        #[arg(long, default_value_t = 30.0)]
+        warmup_deadline: f64,
         /// Skip the load-time MTP warmup.
         #[arg(long)]
         no_load_warmup: bool,
@@ -329,6 +338,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             keep_alive,
             ladder,
             idle_grace,
+            ladder_chunk,
+            ladder_max_interruptions,
+            warmup_deadline,
             no_load_warmup,
         } => {
             use perch_engine::runtime::{Engine, EngineConfig};
@@ -349,7 +361,22 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 perch_engine::runtime::LadderConfig::profile(&ladder).ok_or_else(|| {
                     anyhow::anyhow!("--ladder must be default, turbo or off, not `{ladder}`")
                 })?;
-            config.ladder.idle_grace = std::time::Duration::from_secs_f64(idle_grace);
+            let seconds = |name: &str, v: f64, min: f64| {
+                anyhow::ensure!(
+                    v.is_finite() && (min..=86_400.0).contains(&v),
+                    "--{name} must be {min} to 86400 seconds, not {v}"
+                );
+                Ok(std::time::Duration::from_secs_f64(v))
+            };
+            config.ladder.idle_grace = seconds("idle-grace", idle_grace, 0.0)?;
+            config.warmup_deadline = seconds("warmup-deadline", warmup_deadline, 0.1)?;
+            anyhow::ensure!(ladder_chunk >= 1, "--ladder-chunk must be at least 1");
+            anyhow::ensure!(
+                ladder_max_interruptions >= 1,
+                "--ladder-max-interruptions must be at least 1"
+            );
+            config.ladder.chunk = ladder_chunk;
+            config.ladder.max_interruptions = ladder_max_interruptions;
             let engine = Engine::start(config)?;
             let log_dir = match log_dir.as_deref() {
                 Some("none") => None,
