@@ -92,7 +92,6 @@ impl Training {
         let mut l = self.ledger();
         l.open.remove(&id);
         let outcome = l.receipt.as_mut().map(|r| r.turn_finished(id, 0, start, end, steps))?;
-        tracing::debug!(id, start, end, steps, ?outcome, "turn");
         match outcome {
             TurnOutcome::Clean { tps } => l.pacer.clean_turn(tps, end),
             TurnOutcome::Slowed { overlap_s, .. } | TurnOutcome::Unmeasured { overlap_s } => {
@@ -100,6 +99,9 @@ impl Training {
             }
             TurnOutcome::Skipped => {}
         }
+        // Logging is I/O: never under the lock every turn and window takes.
+        drop(l);
+        tracing::debug!(id, start, end, steps, ?outcome, "turn");
         Some(outcome)
     }
 

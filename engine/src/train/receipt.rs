@@ -69,6 +69,8 @@ impl Receipt {
 
     pub fn window_started(&mut self, t: f64) {
         self.close_window(t);
+        // Without user turns nothing else prunes: a long run alone keeps one span at a time.
+        self.prune();
         self.spans.push_back(Span { start: t, end: None });
     }
 
@@ -334,5 +336,21 @@ mod tests {
         assert!(r.spans_kept() <= 1, "{} spans kept", r.spans_kept());
         assert!(r.open.is_empty() && r.clean_tps.len() <= 4 && r.histogram.len() == BUCKETS);
         assert_eq!(r.summary().turns_clean + r.summary().turns_overlapped, 100_001);
+    }
+
+    #[test]
+    fn windows_without_turns_keep_no_spans_behind() {
+        let mut r = Receipt::new();
+        for i in 0..10_000 {
+            r.window_started(i as f64);
+            r.window_ended(i as f64 + 0.5);
+        }
+        assert!(r.spans_kept() <= 1, "{} spans kept", r.spans_kept());
+        // A turn in flight still keeps what it may overlap.
+        r.turn_started(1, 20_000.0);
+        r.window_started(20_000.5);
+        r.window_ended(20_001.0);
+        r.window_started(20_002.0);
+        assert_eq!(r.spans_kept(), 2);
     }
 }
