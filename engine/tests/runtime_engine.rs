@@ -244,3 +244,36 @@ async fn a_load_finishes_for_the_engine_when_its_client_leaves() {
     engine.stop_background();
     assert!(engine.leases.drain(None, Duration::from_secs(10)).await, "a lease leaked");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_being_evicted_gives_no_new_leases() {
+    let _serial = SERIAL.lock().await;
+    let engine = Arc::new(Engine::start(config(LadderConfig::profile("off").unwrap())).unwrap());
+    engine.start_background();
+    // A turn on qwen3 is in flight while another asks for the MTP model (one resident at a
+    // time): qwen3 is evicted once that turn ends.
+    let in_flight = engine.lease_if_resident("qwen3").unwrap();
+    let loader = {
+        let e = engine.clone();
+        tokio::spawn(async move { e.lease_model(MTP_FIXTURE).await })
+    };
+    let t = Instant::now();
+    while !engine.resident_snapshot().iter().any(|m| m.id == "qwen3" && m.unloading) {
+        assert!(t.elapsed() < Duration::from_secs(10), "the eviction never started");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // Meanwhile: no new lease on the model being evicted (it would be gone when used) ...
+    assert!(engine.lease_if_resident("qwen3").is_none(), "a model being unloaded gave a lease");
+    // ... and a turn for it waits, then gets it loaded back.
+    let prompt = golden("qwen3").prompt_ids;
+    let again = {
+        let e = engine.clone();
+        tokio::spawn(async move { request(&e, "qwen3", prompt, 4).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    drop(in_flight);
+    drop(loader.await.unwrap().unwrap());
+    let (g, _) = again.await.unwrap();
+    assert_eq!(g.tokens.len(), 4);
+    assert_eq!(engine.resident_ids(), ["qwen3"]);
+}

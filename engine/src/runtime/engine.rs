@@ -132,6 +132,8 @@ pub(super) struct Resident {
     pub mtp_warm: Arc<AtomicBool>,
     warmup: Arc<Mutex<WarmupOutcome>>,
     ladder: Arc<WarmupLadder>,
+    /// Being unloaded: it gives no new leases (a request for it waits and loads it again).
+    unloading: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -144,6 +146,8 @@ pub struct LoadedSnapshot {
     pub load_time_warmup: WarmupOutcome,
     pub leases: usize,
     pub idle_s: f64,
+    /// Waiting for its leases to end before it is unloaded.
+    pub unloading: bool,
 }
 
 pub struct Engine {
@@ -240,6 +244,7 @@ impl Engine {
             mtp_warm: Arc::new(AtomicBool::new(false)),
             warmup: Arc::new(Mutex::new(WarmupOutcome::NotApplicable)),
             ladder,
+            unloading: false,
         });
     }
 
@@ -317,6 +322,7 @@ impl Engine {
                 load_time_warmup: *m.warmup.locked(),
                 leases: self.leases.count(&m.info.id),
                 idle_s: m.last_used.elapsed().as_secs_f64(),
+                unloading: m.unloading,
             })
             .collect()
     }
@@ -422,7 +428,7 @@ impl Engine {
     /// A lease on `id` if it is loaded now (background work uses this: it never loads a model).
     pub fn lease_if_resident(&self, id: &str) -> Option<Lease> {
         let mut r = self.resident.locked();
-        let at = r.iter().position(|m| m.info.id == id)?;
+        let at = r.iter().position(|m| m.info.id == id && !m.unloading)?;
         let mut m = r.remove(at);
         m.last_used = Instant::now();
         r.push(m);
@@ -436,7 +442,12 @@ impl Engine {
     }
 
     async fn unload_locked(&self, id: &str) -> Result<()> {
-        if let Some(ladder) = self.with_resident(id, |m| m.ladder.clone()) {
+        // From now on no new lease: one taken while the old ones drain would find the model
+        // gone from the MLX thread.
+        if let Some(ladder) = self.with_resident(id, |m| {
+            m.unloading = true;
+            m.ladder.clone()
+        }) {
             ladder.stop();
         }
         if let Some(o) = self.observer() {
