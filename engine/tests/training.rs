@@ -131,7 +131,8 @@ fn chat_examples_train_only_on_the_assistant_turns() {
             msg("assistant", "A robin."),
         ],
     };
-    let s = samples(tok, &TrainData::Examples(vec![example.clone()]), 512).unwrap();
+    let s = samples(tok, &TrainData::Examples(vec![example.clone()]), 512, &Default::default())
+        .unwrap();
     assert_eq!(s.len(), 1);
     let trained: Vec<u32> =
         s[0].tokens.iter().zip(&s[0].loss).filter(|(_, l)| **l).map(|(t, _)| *t).collect();
@@ -146,7 +147,9 @@ fn chat_examples_train_only_on_the_assistant_turns() {
     assert!(all.contains("Name a bird.") && all.contains("Be brief."), "{all:?}");
     // No assistant turn: refused with the reason.
     let none = Example { messages: vec![msg("user", "hi")] };
-    let err = samples(tok, &TrainData::Examples(vec![example, none]), 512).unwrap_err().to_string();
+    let err = samples(tok, &TrainData::Examples(vec![example, none]), 512, &Default::default())
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("examples[1]") && err.contains("assistant"), "{err}");
 }
 
@@ -380,5 +383,64 @@ async fn unloading_the_model_stops_its_run() {
     let (_, health) = call(&s, Method::GET, "/health", None).await;
     assert_eq!(health["leases"]["total"], 0, "{health}");
     assert_eq!(health["model"]["id"], "qwen3", "{health}");
+    s.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_starts_are_refused_before_any_tokenizing_and_chats_are_capped() {
+    let models = tempfile::tempdir().unwrap();
+    install_fixture("qwen3-mtp", &models.path().join("qwen3-mtp"));
+    let s = start(models.path(), "qwen3-mtp").await;
+    // A chat longer than the cap is refused by name.
+    let long: Vec<Value> = (0..257)
+        .map(|i| json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": "hi"}))
+        .collect();
+    let (code, e) =
+        call(&s, Method::POST, "/train", Some(json!({"examples": [{"messages": long}]}))).await;
+    assert_eq!((code, e["error"]["param"].as_str()), (400, Some("examples")), "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("256"), "{e}");
+    // Four starts at once, each with data that takes a while to tokenize: one runs, the others
+    // are told at once (before the winner has even finished tokenizing).
+    let chat: Vec<Value> = (0..12)
+        .map(|i| {
+            let role = if i % 2 == 0 { "user" } else { "assistant" };
+            json!({"role": role, "content": pattern_text(30)})
+        })
+        .collect();
+    let examples: Vec<Value> = (0..1500).map(|_| json!({"messages": chat})).collect();
+    let t0 = Instant::now();
+    let posts: Vec<_> = (0..4)
+        .map(|i| {
+            let url = s.url();
+            let body = json!({"adapter": format!("race-{i}"), "examples": examples, "epochs": 1});
+            tokio::spawn(async move {
+                let r = post(&url, "/train", body).await;
+                (r.0, r.1, t0.elapsed())
+            })
+        })
+        .collect();
+    let mut results = vec![];
+    for p in posts {
+        results.push(p.await.unwrap());
+    }
+    let won: Vec<_> = results.iter().filter(|r| r.0 == 201).collect();
+    let refused: Vec<_> = results.iter().filter(|r| r.0 == 409).collect();
+    assert_eq!((won.len(), refused.len()), (1, 3), "{results:?}");
+    for r in &refused {
+        assert_eq!(r.1["error"]["code"], "training_running", "{r:?}");
+        assert!(
+            r.2 < won[0].2,
+            "a refusal ({:?}) came after the winner's start ({:?})",
+            r.2,
+            won[0].2
+        );
+    }
+    println!(
+        "winner started after {:?}; refusals after {:?}",
+        won[0].2,
+        refused.iter().map(|r| r.2).collect::<Vec<_>>()
+    );
+    call(&s, Method::POST, "/train/cancel", None).await;
+    wait_for_end(&s, Duration::from_secs(30)).await;
     s.shutdown().await;
 }

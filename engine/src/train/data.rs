@@ -35,14 +35,25 @@ pub enum TrainData {
 /// Chunks shorter than this carry too little signal to be worth a step.
 const MIN_CHUNK: usize = 8;
 
-/// Tokenize `data` into samples of at most `seq_len` tokens.
-pub fn samples(tok: &Tokenizer, data: &TrainData, seq_len: usize) -> Result<Vec<Sample>> {
+/// Tokenize `data` into samples of at most `seq_len` tokens; stops between examples once
+/// `cancel` is set (the request went away).
+pub fn samples(
+    tok: &Tokenizer,
+    data: &TrainData,
+    seq_len: usize,
+    cancel: &std::sync::atomic::AtomicBool,
+) -> Result<Vec<Sample>> {
     match data {
         TrainData::Text(text) => Ok(text_samples(tok, text, seq_len)?),
         TrainData::Examples(examples) => examples
             .iter()
             .enumerate()
-            .map(|(i, e)| example_sample(tok, e, seq_len).map_err(|e| at(i, e)))
+            .map(|(i, e)| {
+                if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+                    return Err(EngineError::InvalidRequest("cancelled".into()));
+                }
+                example_sample(tok, e, seq_len).map_err(|e| at(i, e))
+            })
             .collect(),
     }
 }

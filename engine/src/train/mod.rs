@@ -38,6 +38,8 @@ pub struct Training {
     clock: Instant,
     ledger: Mutex<Ledger>,
     run: Mutex<Option<Arc<Run>>>,
+    /// A run being prepared (its data tokenized) before it is installed: one at a time.
+    preparing: std::sync::atomic::AtomicBool,
     next_turn: AtomicU64,
 }
 
@@ -47,6 +49,7 @@ impl Default for Training {
             clock: Instant::now(),
             ledger: Mutex::default(),
             run: Mutex::default(),
+            preparing: std::sync::atomic::AtomicBool::new(false),
             next_turn: AtomicU64::new(0),
         }
     }
@@ -152,6 +155,18 @@ impl Training {
         self.run.locked().clone()
     }
 
+    /// The right to prepare a run, unless one is being prepared or is active. Dropping the
+    /// claim (the request ended, or its client left) releases it and cancels the preparing.
+    fn claim(self: &Arc<Self>) -> Option<Claim> {
+        if self.current().is_some_and(|r| r.is_active()) {
+            return None;
+        }
+        if self.preparing.swap(true, Ordering::SeqCst) {
+            return None;
+        }
+        Some(Claim { training: self.clone(), cancel: Arc::default() })
+    }
+
     /// Install `run` unless one is still active; returns the active one otherwise.
     fn install(&self, run: Arc<Run>) -> Result<(), Arc<Run>> {
         let mut slot = self.run.locked();
@@ -167,6 +182,20 @@ impl Training {
         if let Some(run) = self.current().filter(|r| model.is_none_or(|m| r.model == m)) {
             run.stop(why);
         }
+    }
+}
+
+/// The right to prepare one run (see `Training::claim`).
+struct Claim {
+    training: Arc<Training>,
+    /// Set when the claim is dropped: stops the tokenizing of a request that went away.
+    cancel: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::SeqCst);
+        self.training.preparing.store(false, Ordering::SeqCst);
     }
 }
 

@@ -90,6 +90,11 @@ impl Fields<'_> {
     }
 }
 
+/// Messages in one chat example.
+pub const MAX_MESSAGES: usize = 256;
+/// Bytes of message text in one chat example.
+pub const MAX_EXAMPLE_BYTES: usize = 256 << 10;
+
 pub fn parse(body: &[u8]) -> Result<TrainRequest, FieldError> {
     let value: Value =
         serde_json::from_slice(body).map_err(|e| bad("body", format!("not valid JSON: {e}")))?;
@@ -139,6 +144,30 @@ pub fn parse(body: &[u8]) -> Result<TrainRequest, FieldError> {
             })?;
             if examples.is_empty() {
                 return Err(bad("examples", "is empty"));
+            }
+            // Locating each assistant turn renders the chat up to it: work grows with the
+            // square of a chat's length, so chats are capped.
+            if let Some((i, e)) =
+                examples.iter().enumerate().find(|(_, e)| e.messages.len() > MAX_MESSAGES)
+            {
+                return Err(bad(
+                    "examples",
+                    format!(
+                        "examples[{i}] has {} messages; at most {MAX_MESSAGES} per example",
+                        e.messages.len()
+                    ),
+                ));
+            }
+            if let Some((i, n)) = examples
+                .iter()
+                .map(|e| e.messages.iter().map(|m| m.content.len()).sum::<usize>())
+                .enumerate()
+                .find(|(_, n)| *n > MAX_EXAMPLE_BYTES)
+            {
+                return Err(bad(
+                    "examples",
+                    format!("examples[{i}] has {n} bytes of text; at most {MAX_EXAMPLE_BYTES}"),
+                ));
             }
             TrainData::Examples(examples)
         }

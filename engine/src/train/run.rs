@@ -326,9 +326,13 @@ impl Training {
         engine: &Arc<Engine>,
         req: TrainRequest,
     ) -> std::result::Result<Arc<Run>, StartError> {
-        if let Some(active) = self.current().filter(|r| r.is_active()) {
-            return Err(StartError::Busy(active.state()));
-        }
+        // Claimed before any work: concurrent POSTs get a 409 at once instead of each
+        // tokenizing its data, and a client that leaves stops the tokenizing.
+        let Some(claim) = self.claim() else {
+            let state =
+                self.current().filter(|r| r.is_active()).map_or(RunState::Starting, |r| r.state());
+            return Err(StartError::Busy(state));
+        };
         let model = match req.model.clone().or_else(|| engine.loaded().map(|m| m.id)) {
             Some(m) => m,
             None => return Err(field("model", "no model is loaded; name one")),
@@ -352,7 +356,8 @@ impl Training {
         let tok = info.tokenizer.clone();
         let data = req.data;
         let param = if matches!(data, TrainData::Text(_)) { "text" } else { "examples" };
-        let all = tokio::task::spawn_blocking(move || samples(&tok, &data, seq_len))
+        let cancel = claim.cancel.clone();
+        let all = tokio::task::spawn_blocking(move || samples(&tok, &data, seq_len, &cancel))
             .await
             .map_err(|e| EngineError::Internal(e.to_string()))?
             .map_err(|e| {
