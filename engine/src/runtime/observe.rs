@@ -1,7 +1,7 @@
 //! What the runtime reports outward: the last turn's figures (the tray, `/health`), and the
 //! observer that hears of every user turn and unload (training while serving).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -25,6 +25,7 @@ pub trait TurnObserver: Send + Sync {
 
 /// One turn's entry with an observer. Dropped unfinished: the turn failed.
 pub trait TurnMark: Send {
-    /// The turn produced its last token at `at` (on the MLX thread) after `steps` tokens.
-    fn finish(self: Box<Self>, steps: usize, at: Instant);
+    /// The turn produced its last token at `at` (on the MLX thread) after a prefill of
+    /// `prefill` and `steps` decode steps (the tokens after the first).
+    fn finish(self: Box<Self>, steps: usize, prefill: Duration, at: Instant);
 }

@@ -363,7 +363,7 @@ fn generate(
         g
     })?;
     if let Some(mark) = mark {
-        mark.finish(g.tokens.len(), g.finished_at);
+        mark.finish(g.tokens.len().saturating_sub(1), g.ttft, g.finished_at);
     }
     // A real MTP generation pays the cold costs a skipped load-time warmup left.
     if g.draft.as_ref().is_some_and(|d| d.mode == "mtp") {

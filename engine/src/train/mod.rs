@@ -15,7 +15,7 @@ pub mod trainer;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::runtime::observe::{TurnMark, TurnObserver};
 use crate::sync::LockExt;
@@ -83,22 +83,25 @@ impl Training {
         Turn { training: self.clone(), id, start, done: false }
     }
 
+    /// A turn ended at `at` (now, if it failed) after `steps` decode steps, `prefill` s of its
+    /// time spent on its prompt.
     fn turn_end(
         &self,
         id: u64,
         start: f64,
-        steps: usize,
+        (steps, prefill): (usize, f64),
         at: Option<Instant>,
     ) -> Option<TurnOutcome> {
         let end = at
             .map_or_else(|| self.now(), |t| t.saturating_duration_since(self.clock).as_secs_f64());
         let mut l = self.ledger();
         l.open.remove(&id);
-        let outcome = l.receipt.as_mut().map(|r| r.turn_finished(id, 0, start, end, steps))?;
+        let outcome =
+            l.receipt.as_mut().map(|r| r.turn_finished(id, 0, (start, end), prefill, steps))?;
         match outcome {
             TurnOutcome::Clean { tps } => l.pacer.clean_turn(tps, end),
             TurnOutcome::Slowed { overlap_s, .. } | TurnOutcome::Unmeasured { overlap_s } => {
-                l.pacer.overlapped_turn(steps, end - start, overlap_s, end)
+                l.pacer.overlapped_turn(steps, end - start - prefill, overlap_s, end)
             }
             TurnOutcome::Skipped => {}
         }
@@ -208,19 +211,19 @@ pub struct Turn {
 }
 
 impl Turn {
-    /// The generation produced its last token at `at` with `steps` decode steps. `at` is
-    /// stamped on the MLX thread: a window queued behind this turn starts after it, while
-    /// the serving thread may only see the turn end a moment later.
-    pub fn finish(mut self, steps: usize, at: Instant) -> Option<TurnOutcome> {
+    /// The generation produced its last token at `at` after `steps` decode steps and a
+    /// prefill of `prefill`. `at` is stamped on the MLX thread: a window queued behind this
+    /// turn starts after it, while the serving thread may only see the turn end a moment later.
+    pub fn finish(mut self, steps: usize, prefill: Duration, at: Instant) -> Option<TurnOutcome> {
         self.done = true;
-        self.training.turn_end(self.id, self.start, steps, Some(at))
+        self.training.turn_end(self.id, self.start, (steps, prefill.as_secs_f64()), Some(at))
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
         if !self.done {
-            self.training.turn_end(self.id, self.start, 0, None);
+            self.training.turn_end(self.id, self.start, (0, 0.0), None);
         }
     }
 }
@@ -237,7 +240,7 @@ impl TurnObserver for Arc<Training> {
 }
 
 impl TurnMark for Turn {
-    fn finish(self: Box<Self>, steps: usize, at: Instant) {
-        Turn::finish(*self, steps, at);
+    fn finish(self: Box<Self>, steps: usize, prefill: Duration, at: Instant) {
+        Turn::finish(*self, steps, prefill, at);
     }
 }
