@@ -277,3 +277,45 @@ async fn a_model_being_evicted_gives_no_new_leases() {
     assert_eq!(g.tokens.len(), 4);
     assert_eq!(engine.resident_ids(), ["qwen3"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_load_time_warmup_holds_a_lease_and_its_kill_switch_stops_it() {
+    use perch_engine::runtime::warmup::WarmupOutcome;
+    let _serial = SERIAL.lock().await;
+    let cfg = |load_warmup| EngineConfig {
+        model: MTP_FIXTURE.into(),
+        draft: "mtp".into(),
+        load_warmup,
+        ..config(LadderConfig::profile("off").unwrap())
+    };
+    let outcome = |e: &Engine| e.resident_snapshot()[0].load_time_warmup;
+    // The warmup pins its model: hold the MLX thread so it is surely mid-warmup.
+    let engine = Arc::new(Engine::start(cfg(true)).unwrap());
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let busy = engine.mlx.submit(move |_| Ok(held.recv().ok())).unwrap();
+    engine.start_background();
+    let t = Instant::now();
+    while !engine.gate.snapshot().busy {
+        assert!(t.elapsed() < Duration::from_secs(10), "the warmup never took the gate");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(engine.leases.count(MTP_FIXTURE), 1, "the warmup runs without a lease");
+    release.send(()).unwrap();
+    busy.await.unwrap().unwrap();
+    while outcome(&engine) == WarmupOutcome::NotApplicable {
+        assert!(t.elapsed() < Duration::from_secs(10), "the warmup never ended");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(outcome(&engine), WarmupOutcome::Warm);
+    assert_eq!(engine.leases.count(MTP_FIXTURE), 0);
+    // The kill switch: no warmup at all, the model stays cold.
+    let engine = Arc::new(Engine::start(cfg(false)).unwrap());
+    engine.start_background();
+    let t = Instant::now();
+    while outcome(&engine) == WarmupOutcome::NotApplicable {
+        assert!(t.elapsed() < Duration::from_secs(10), "no outcome recorded");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let m = engine.resident_snapshot().remove(0);
+    assert_eq!((m.load_time_warmup, m.mtp_warm), (WarmupOutcome::Disabled, false));
+}

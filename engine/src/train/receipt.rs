@@ -424,4 +424,13 @@ mod tests {
         );
         assert_eq!(r.summary().turn_tps_clean, Some(100.0));
     }
+
+    #[test]
+    fn the_floor_is_sixteen_decode_steps() {
+        let mut r = Receipt::new();
+        r.turn_started(1, 0.0);
+        assert_eq!(r.turn_finished(1, 0, (0.0, 1.0), 0.0, 15), TurnOutcome::Skipped);
+        r.turn_started(2, 2.0);
+        assert_eq!(r.turn_finished(2, 0, (2.0, 3.0), 0.0, 16), TurnOutcome::Clean { tps: 16.0 });
+    }
 }
