@@ -538,3 +538,37 @@ async fn shutdown_waits_for_short_requests_and_cancels_long_ones() {
     let (st, b) = short.await.unwrap();
     assert_eq!((st, b["choices"][0]["finish_reason"].as_str()), (200, Some("length")), "{b}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_counts_as_arrived_while_its_body_is_parsed() {
+    // docs/runtime.md §1: arrival is stamped before the body is parsed, so background work
+    // yields to a request whose body is still being read into a turn. A large body that fails
+    // its checks only at the end is "arriving" for the whole parse, and never gets further.
+    let s = start_with(ServeConfig { max_body_bytes: 64 << 20, ..Default::default() }, 8).await;
+    let messages: Vec<Value> =
+        (0..400_000).map(|_| json!({"role": "user", "content": "x"})).collect();
+    let body = json!({"model": "qwen3", "messages": messages, "n": 2}).to_string();
+    let url = s.url();
+    let slow = tokio::spawn(async move {
+        let r = client()
+            .post(format!("{url}/v1/chat/completions"))
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    });
+    let mut seen_arriving = false;
+    while !slow.is_finished() {
+        let (_, h) = get(&s, "/health").await;
+        seen_arriving |= h["foreground_arriving"] == 1;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let (code, e) = slow.await.unwrap();
+    assert_eq!((code, e["error"]["param"].as_str()), (400, Some("n")), "{e}");
+    assert!(seen_arriving, "the request was not counted while its body was parsed");
+    let (_, h) = get(&s, "/health").await;
+    assert_eq!(h["foreground_arriving"], 0);
+    s.shutdown().await;
+}
