@@ -92,3 +92,20 @@ pub fn peak_rss_bytes() -> u64 {
 pub fn active_memory_bytes() -> Option<u64> {
     mlx_rs::memory::active_memory().ok().map(|b| b as u64)
 }
+
+/// Whether process `pid` is running (on Unix: signal 0 reaches it, or it exists but is
+/// another user's). Elsewhere: assumed alive, so nothing of a live process is ever removed.
+pub fn process_alive(pid: u32) -> bool {
+    #[cfg(unix)]
+    {
+        let Ok(pid) = libc::pid_t::try_from(pid) else { return true };
+        // SAFETY: kill with signal 0 only checks whether the process exists.
+        let r = unsafe { libc::kill(pid, 0) };
+        r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = pid;
+        true
+    }
+}

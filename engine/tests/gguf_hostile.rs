@@ -201,6 +201,30 @@ fn concurrent_imports_of_one_name_never_share_or_delete_each_others_work() {
 }
 
 #[test]
+fn an_import_killed_midway_is_cleaned_up_by_the_next_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = write(tmp.path(), &tiny_gguf(|_| {}));
+    let models = tmp.path().join("models");
+    // What `kill -9` leaves: a temp folder named after a process that is gone; and one of a
+    // live import (this process) that must be left alone.
+    let dead = models.join(".import-tiny-999999999-0");
+    let live = models.join(format!(".import-tiny-{}-77", std::process::id()));
+    for d in [&dead, &live] {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::write(d.join("model.safetensors"), b"half").unwrap();
+    }
+    let opts = ImportOptions {
+        name: Some("tiny".into()),
+        quantize: Quantize::None,
+        dtype: StoreDtype::F32,
+        overwrite: false,
+    };
+    import(&path, &models, &opts).unwrap();
+    assert!(!dead.exists(), "the dead import's folder was left");
+    assert!(live.exists(), "a live import's folder was removed");
+}
+
+#[test]
 fn crafted_headers_are_errors() {
     // A tensor count of 2^44 in a 24-byte file once asked for 1 PB up front and aborted.
     let mut b = b"GGUF".to_vec();

@@ -52,6 +52,7 @@ pub fn import(gguf_path: &Path, models_dir: &Path, opts: &ImportOptions) -> Resu
     std::fs::create_dir_all(models_dir).map_err(EngineError::io(models_dir))?;
     // A hidden sibling of its own (two imports of one name never share it), so the rename is
     // atomic and `perch models` never lists it; removed on every path, a panic included.
+    remove_stale_temp_dirs(models_dir);
     let tmp = TempDir::new(models_dir, &name)?;
     write_model(&g, &arch, &tmp.0, opts)?;
     crate::catalog::mark_installed(&tmp.0).map_err(EngineError::io(&tmp.0))?;
@@ -82,6 +83,21 @@ pub fn import(gguf_path: &Path, models_dir: &Path, opts: &ImportOptions) -> Resu
         }
     }
     Ok(target)
+}
+
+/// Temp folders of imports whose process is gone (killed, or the machine lost power): their
+/// names carry the importing process's id.
+fn remove_stale_temp_dirs(models_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(models_dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(".import-") else { continue };
+        // `.import-{name}-{pid}-{n}`: the pid is the second field from the end.
+        let pid = rest.rsplit('-').nth(1).and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|p| !crate::platform::process_alive(p)) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// A unique hidden folder beside the target, removed when dropped unless renamed away.
