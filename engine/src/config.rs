@@ -514,7 +514,6 @@ mod tests {
         );
         assert!(e.load_warmup);
         assert_eq!(LadderConfig::profile("turbo").unwrap().rungs, LadderConfig::TURBO);
-        assert_eq!(crate::supervisor::RESTART_GRACE, Duration::from_secs(10));
     }
 
     #[test]
