@@ -287,7 +287,6 @@ fn secure(url: &reqwest::Url) -> bool {
         "https" => true,
         "http" => url.host_str().is_some_and(|h| {
             h == "localhost"
-                || h.ends_with(".localhost")
                 || h.trim_matches(['[', ']'])
                     .parse::<std::net::IpAddr>()
                     .is_ok_and(|ip| ip.is_loopback())
