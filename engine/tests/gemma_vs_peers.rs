@@ -178,24 +178,32 @@ fn compare(
     (ties, wrong, compared)
 }
 
-/// A copy of the model directory `dir` in `into` with tensor `name` passed through `f`.
+/// A copy of the model directory `dir` in `into` with tensor `name` passed through `f` (in
+/// whichever shard holds it).
 fn perturbed(dir: &Path, into: &Path, name: &str, f: impl Fn(&Array) -> Array) -> LoadedModel {
     std::fs::create_dir_all(into).unwrap();
+    let mut found = false;
     for e in std::fs::read_dir(dir).unwrap() {
         let e = e.unwrap().path();
-        if e.file_name().unwrap() != "model.safetensors" {
-            std::fs::copy(&e, into.join(e.file_name().unwrap())).unwrap();
+        let file = e.file_name().unwrap().to_owned();
+        if e.extension().is_some_and(|x| x == "safetensors") {
+            let mut t = Array::load_safetensors(&e).unwrap();
+            if let Some(a) = t.get(name) {
+                let changed = f(a);
+                t.insert(name.to_string(), changed);
+                Array::save_safetensors(
+                    t.iter().map(|(k, v)| (k.as_str(), v)),
+                    None,
+                    into.join(&file),
+                )
+                .unwrap();
+                found = true;
+                continue;
+            }
         }
+        std::fs::copy(&e, into.join(&file)).unwrap();
     }
-    let mut t = Array::load_safetensors(dir.join("model.safetensors")).unwrap();
-    let changed = f(t.get(name).unwrap_or_else(|| panic!("no tensor {name}")));
-    t.insert(name.to_string(), changed);
-    Array::save_safetensors(
-        t.iter().map(|(k, v)| (k.as_str(), v)),
-        None,
-        into.join("model.safetensors"),
-    )
-    .unwrap();
+    assert!(found, "no tensor {name}");
     perch_engine::load_model(into).unwrap()
 }
 

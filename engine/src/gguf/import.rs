@@ -133,10 +133,30 @@ fn write_model(g: &GgufFile, arch: &str, dir: &Path, opts: &ImportOptions) -> Re
     let vocab =
         g.metadata.get("tokenizer.ggml.tokens").and_then(|t| t.as_array()).map_or(0, |t| t.len());
     let mut config = translate_config(g, arch, vocab)?;
+    // The tokenizer first, then dropped: a 262k-token vocabulary is hundreds of MB as JSON
+    // values, memory the tensors need more.
+    write_json(&dir.join("tokenizer.json"), &tok.tokenizer_json)?;
+    let mut tc = json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": tok.bos_token, "eos_token": tok.eos_token, "add_bos_token": tok.add_bos_token,
+        "model_max_length": config["max_position_embeddings"],
+    });
+    if let Some(t) = &tok.chat_template {
+        tc["chat_template"] = json!(t);
+    }
+    write_json(&dir.join("tokenizer_config.json"), &tc)?;
+    drop(tok);
 
-    let mut arrays: HashMap<String, Array> = HashMap::new();
     let heads = config["num_attention_heads"].as_i64().unwrap_or(1) as usize;
     let kv_heads = config["num_key_value_heads"].as_i64().unwrap_or(heads as i64) as usize;
+    let store = match opts.dtype {
+        StoreDtype::Bf16 => Dtype::Bfloat16,
+        StoreDtype::F32 => Dtype::Float32,
+    };
+    // Tensor by tensor: each is dequantized, converted and evaluated before the next is read,
+    // and shards are written as they fill, so the peak is about one f32 tensor plus one shard
+    // (not the whole model in f32, which a 7B import could not afford).
+    let mut shards = ShardWriter::new(dir);
     for info in &g.tensors {
         let Some(hf) = hf_name(arch, &info.name) else {
             if info.name.starts_with("rope_freqs") {
@@ -170,43 +190,27 @@ fn write_model(g: &GgufFile, arch: &str, dir: &Path, opts: &ImportOptions) -> Re
             data = unpermute_rows(&data, &info.shape, n);
         }
         let shape: Vec<i32> = info.shape.iter().map(|&d| d as i32).collect();
-        arrays.insert(hf, Array::from_slice(&data, &shape));
-    }
-
-    let store = match opts.dtype {
-        StoreDtype::Bf16 => Dtype::Bfloat16,
-        StoreDtype::F32 => Dtype::Float32,
-    };
-    let mut out: HashMap<String, Array> = HashMap::new();
-    for (name, a) in arrays {
-        let quantizable = name.ends_with(".weight") && a.ndim() == 2 && a.shape()[1] % 64 == 0;
+        let a = Array::from_slice(&data, &shape);
+        drop(data);
+        let quantizable = hf.ends_with(".weight") && a.ndim() == 2 && a.shape()[1] % 64 == 0;
         match opts.quantize {
             Quantize::Bits(bits) if quantizable => {
                 let (w, scales, biases) = mlx_rs::ops::quantize(&a, 64, bits)?;
-                let base = name.trim_end_matches(".weight");
-                out.insert(format!("{base}.scales"), scales.as_dtype(store)?);
-                out.insert(format!("{base}.biases"), biases.as_dtype(store)?);
-                out.insert(name, w);
+                let base = hf.trim_end_matches(".weight");
+                shards.add(format!("{base}.scales"), scales.as_dtype(store)?)?;
+                shards.add(format!("{base}.biases"), biases.as_dtype(store)?)?;
+                shards.add(hf, w)?;
             }
-            _ => {
-                out.insert(name, a.as_dtype(store)?);
-            }
+            // A cast to the dtype it has would still allocate a copy.
+            _ if a.dtype() == store => shards.add(hf, a)?,
+            _ => shards.add(hf, a.as_dtype(store)?)?,
         }
     }
+    shards.finish()?;
     if let Quantize::Bits(bits) = opts.quantize {
         config["quantization"] = json!({"group_size": 64, "bits": bits, "mode": "affine"});
     }
     config["torch_dtype"] = json!(if store == Dtype::Bfloat16 { "bfloat16" } else { "float32" });
-    let meta = HashMap::from([("format".to_string(), "mlx".to_string())]);
-    Array::save_safetensors(
-        out.iter().map(|(k, v)| (k.as_str(), v)),
-        &meta,
-        dir.join("model.safetensors"),
-    )
-    .map_err(|e| EngineError::BadWeights {
-        file: dir.join("model.safetensors"),
-        msg: e.to_string(),
-    })?;
 
     let eos_ids = config["eos_token_id"].clone();
     write_json(&dir.join("config.json"), &config)?;
@@ -214,16 +218,7 @@ fn write_model(g: &GgufFile, arch: &str, dir: &Path, opts: &ImportOptions) -> Re
         &dir.join("generation_config.json"),
         &json!({"eos_token_id": eos_ids, "bos_token_id": config["bos_token_id"]}),
     )?;
-    write_json(&dir.join("tokenizer.json"), &tok.tokenizer_json)?;
-    let mut tc = json!({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": tok.bos_token, "eos_token": tok.eos_token, "add_bos_token": tok.add_bos_token,
-        "model_max_length": config["max_position_embeddings"],
-    });
-    if let Some(t) = &tok.chat_template {
-        tc["chat_template"] = json!(t);
-    }
-    write_json(&dir.join("tokenizer_config.json"), &tc)?;
+
     write_json(
         &dir.join("perch-import.json"),
         &json!({
@@ -236,6 +231,72 @@ fn write_model(g: &GgufFile, arch: &str, dir: &Path, opts: &ImportOptions) -> Re
             "perch_version": env!("CARGO_PKG_VERSION"),
         }),
     )
+}
+
+/// Writes evaluated tensors into `model-NNNNN.safetensors` files of about `SHARD_BYTES` each,
+/// plus the `model.safetensors.index.json` that maps every tensor to its file.
+struct ShardWriter<'a> {
+    dir: &'a Path,
+    pending: Vec<(String, Array)>,
+    pending_bytes: usize,
+    weight_map: serde_json::Map<String, Value>,
+    shards: usize,
+    total_bytes: u64,
+}
+
+/// Small enough that a shard beside one f32 tensor stays well under the model's size; large
+/// enough that a 7B model is a few dozen files.
+const SHARD_BYTES: usize = 512 << 20;
+
+impl<'a> ShardWriter<'a> {
+    fn new(dir: &'a Path) -> Self {
+        ShardWriter {
+            dir,
+            pending: Vec::new(),
+            pending_bytes: 0,
+            weight_map: Default::default(),
+            shards: 0,
+            total_bytes: 0,
+        }
+    }
+
+    fn add(&mut self, name: String, a: Array) -> Result<()> {
+        // Evaluate now, so the array holds its stored bytes and not a graph that keeps the
+        // f32 source alive until the shard is saved.
+        a.eval()?;
+        self.pending_bytes += a.nbytes();
+        self.total_bytes += a.nbytes() as u64;
+        self.pending.push((name, a));
+        if self.pending_bytes >= SHARD_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.shards += 1;
+        let file = format!("model-{:05}.safetensors", self.shards);
+        let path = self.dir.join(&file);
+        let meta = HashMap::from([("format".to_string(), "mlx".to_string())]);
+        Array::save_safetensors(self.pending.iter().map(|(k, v)| (k.as_str(), v)), &meta, &path)
+            .map_err(|e| EngineError::BadWeights { file: path.clone(), msg: e.to_string() })?;
+        for (name, _) in self.pending.drain(..) {
+            self.weight_map.insert(name, json!(file));
+        }
+        self.pending_bytes = 0;
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<()> {
+        self.flush()?;
+        write_json(
+            &self.dir.join("model.safetensors.index.json"),
+            &json!({"metadata": {"format": "mlx", "total_size": self.total_bytes}, "weight_map": self.weight_map}),
+        )
+    }
 }
 
 fn write_json(path: &Path, v: &Value) -> Result<()> {

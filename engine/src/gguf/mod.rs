@@ -343,26 +343,55 @@ impl GgufFile {
         let ty = candle_type(info.ggml_type).ok_or_else(unsupported)?;
         let len = self.byte_len(info)?.ok_or_else(unsupported)?;
         let len = usize::try_from(len).map_err(|_| unsupported())?;
-        let mut raw = vec![0u8; len];
         let mut f = File::open(&self.path).map_err(EngineError::io(&self.path))?;
         f.seek(SeekFrom::Start(self.data_start + info.offset))
             .map_err(EngineError::io(&self.path))?;
-        f.read_exact(&mut raw).map_err(EngineError::io(&self.path))?;
         let bad = |e: candle_core::Error| EngineError::BadWeights {
             file: self.path.clone(),
             msg: format!("tensor `{}` ({}): {e}", info.name, type_name(info.ggml_type)),
         };
+        // Dequantized a band of rows at a time into the one output buffer, so a large tensor
+        // (an embedding table) costs its f32 size once, not three times over.
+        let rows = info.shape.first().copied().unwrap_or(1).max(1);
+        let total: usize = info.shape.iter().product();
+        let row_elems = total / rows;
+        let block = ty.block_size();
+        let (band, band_bytes) = if row_elems % block == 0 && len % rows == 0 {
+            let band = (CHUNK_ELEMS / row_elems.max(1)).clamp(1, rows);
+            (band, band * (len / rows))
+        } else {
+            (rows, len)
+        };
+        let mut out = Vec::with_capacity(total);
+        let mut raw = vec![0u8; band_bytes];
         let dev = candle_core::Device::Cpu;
-        let q = candle_core::quantized::ggml_file::qtensor_from_ggml(
-            ty,
-            &raw,
-            info.shape.clone(),
-            &dev,
-        )
-        .map_err(bad)?;
-        q.dequantize(&dev)
-            .and_then(|t| t.flatten_all())
-            .and_then(|t| t.to_vec1::<f32>())
-            .map_err(bad)
+        let mut row = 0;
+        while row < rows {
+            let n = band.min(rows - row);
+            let bytes = if band == rows { len } else { n * (len / rows) };
+            f.read_exact(&mut raw[..bytes]).map_err(EngineError::io(&self.path))?;
+            let mut shape = info.shape.clone();
+            if let Some(first) = shape.first_mut() {
+                *first = n;
+            }
+            let q = candle_core::quantized::ggml_file::qtensor_from_ggml(
+                ty,
+                &raw[..bytes],
+                shape,
+                &dev,
+            )
+            .map_err(bad)?;
+            let part = q
+                .dequantize(&dev)
+                .and_then(|t| t.flatten_all())
+                .and_then(|t| t.to_vec1::<f32>())
+                .map_err(bad)?;
+            out.extend_from_slice(&part);
+            row += n;
+        }
+        Ok(out)
     }
 }
+
+/// Elements dequantized per band in `read_f32`.
+const CHUNK_ELEMS: usize = 1 << 22;
