@@ -356,7 +356,7 @@ impl GgufFile {
         let total: usize = info.shape.iter().product();
         let row_elems = total / rows;
         let block = ty.block_size();
-        let (band, band_bytes) = if row_elems % block == 0 && len % rows == 0 {
+        let (band, band_bytes) = if row_elems.is_multiple_of(block) && len.is_multiple_of(rows) {
             let band = (CHUNK_ELEMS / row_elems.max(1)).clamp(1, rows);
             (band, band * (len / rows))
         } else {
