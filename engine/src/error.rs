@@ -42,6 +42,10 @@ pub enum EngineError {
     #[error("the prompt is empty")]
     EmptyPrompt,
 
+    /// A request field this model cannot honour (named, so protocols can point at it).
+    #[error("{msg}")]
+    BadField { field: &'static str, msg: String },
+
     #[error("This model's maximum context length is {context_length} tokens. However, your prompt has {prompt_tokens} tokens.")]
     ContextOverflow { context_length: usize, prompt_tokens: usize },
 

@@ -234,7 +234,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let engine = std::sync::Arc::new(Engine::start(config)?);
             let info = engine.loaded().ok_or_else(|| anyhow::anyhow!("no model loaded"))?;
             let prompt = if !raw && info.tokenizer.has_chat_template() {
-                Prompt::Messages(vec![ChatMessage { role: "user".into(), content: prompt }])
+                Prompt::Messages(vec![ChatMessage::new("user", prompt)])
             } else {
                 Prompt::Text(prompt)
             };
@@ -262,6 +262,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                             let _ = out.write_all(text.as_bytes());
                             let _ = out.flush();
                         }
+                        // `perch run` offers no tools.
+                        TurnEvent::ToolCall(_) => {}
                         TurnEvent::End(end) => return Ok(end),
                         TurnEvent::Failed(e) => return Err(e),
                     }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::chat::{ChatMessage, ChatTemplate};
+use crate::chat::{ChatMessage, ChatOptions, ChatTemplate, ToolFormat};
 use crate::error::{EngineError, Result};
 
 pub struct Tokenizer {
@@ -111,23 +111,56 @@ impl Tokenizer {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String> {
+        self.apply_chat_template_with(messages, add_generation_prompt, &ChatOptions::default())
+    }
+
+    /// `apply_chat_template` with tools and template keyword arguments.
+    pub fn apply_chat_template_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        options: &ChatOptions,
+    ) -> Result<String> {
         self.chat_template
             .as_ref()
             .ok_or_else(|| EngineError::Template("this model has no chat template".into()))?
-            .render(messages, add_generation_prompt)
+            .render(messages, add_generation_prompt, options)
+    }
+
+    /// How this model writes tool calls, from what its chat template shows it.
+    pub fn tool_format(&self) -> ToolFormat {
+        self.chat_template
+            .as_ref()
+            .map_or(ToolFormat::Generic, |t| ToolFormat::of_template(&t.source))
     }
 
     /// Tokens for a chat: the rendered template already holds any BOS text, so special tokens
     /// are not added a second time. A model without a template (a base model) gets the
     /// messages' text in order, separated by blank lines, as a plain prompt to continue.
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        self.encode_chat_with(messages, &ChatOptions::default(), "")
+    }
+
+    /// `encode_chat` with tools and keyword arguments, and `answer_start` written after the
+    /// generation prompt (the opening of a forced tool call).
+    pub fn encode_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        options: &ChatOptions,
+        answer_start: &str,
+    ) -> Result<Vec<u32>> {
         if self.chat_template.is_none() {
+            if !options.tools.is_empty() {
+                return Err(EngineError::Template(
+                    "this model has no chat template, so it cannot be shown tools".into(),
+                ));
+            }
             let text: Vec<&str> =
                 messages.iter().map(|m| m.content.as_str()).filter(|c| !c.is_empty()).collect();
             return self.encode(&format!("{}\n\n", text.join("\n\n")), true);
         }
-        let text = self.apply_chat_template(messages, true)?;
-        self.encode(&text, false)
+        let text = self.apply_chat_template_with(messages, true, options)?;
+        self.encode(&format!("{text}{answer_start}"), false)
     }
 }
 

@@ -55,8 +55,8 @@ fn perch_matches_mlx_lm_live() {
         return;
     };
     let messages = vec![
-        ChatMessage { role: "system".into(), content: "You are terse.".into() },
-        ChatMessage { role: "user".into(), content: "Name a bird.".into() },
+        ChatMessage::new("system", "You are terse."),
+        ChatMessage::new("user", "Name a bird."),
     ];
     // mlx-lm does not load MTP weights; that fixture's goldens come from its training script.
     let fixtures: Vec<&str> = FIXTURES.iter().copied().filter(|n| *n != MTP_FIXTURE).collect();

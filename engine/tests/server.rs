@@ -41,7 +41,7 @@ fn sse_events(text: &str) -> Vec<String> {
 async fn chat_matches_the_engine_and_streams_in_openai_shape() {
     let s = start().await;
     let model = load_fixture("qwen3");
-    let msgs = vec![ChatMessage { role: "user".into(), content: "Name a bird.".into() }];
+    let msgs = vec![ChatMessage::new("user", "Name a bird.")];
     let ids = model.tokenizer.encode_chat(&msgs).unwrap();
     let want = generate(
         &model,

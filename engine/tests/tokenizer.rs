@@ -45,10 +45,7 @@ fn a_dangling_partial_character_is_flushed_not_lost() {
 #[test]
 fn chat_template_renders_like_transformers() {
     let model = load_fixture("qwen3");
-    let msgs = vec![
-        ChatMessage { role: "system".into(), content: "Be brief.".into() },
-        ChatMessage { role: "user".into(), content: "Hi there".into() },
-    ];
+    let msgs = vec![ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi there")];
     let text = model.tokenizer.apply_chat_template(&msgs, true).unwrap();
     assert_eq!(
         text,
@@ -87,7 +84,7 @@ fn with_template(template: &str) -> (tempfile::TempDir, perch_engine::LoadedMode
 
 #[test]
 fn a_hostile_chat_template_is_an_error_not_a_hang() {
-    let hi = [ChatMessage { role: "user".into(), content: "hi".into() }];
+    let hi = [ChatMessage::new("user", "hi")];
     // Two nested range(100000) loops once froze the whole server while memory grew.
     let (_t, m) = with_template(
         "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",

@@ -120,8 +120,7 @@ use mlx_rs::ops::indexing::IndexOp;
 fn chat_examples_train_only_on_the_assistant_turns() {
     let model = load_fixture("qwen3");
     let tok = &model.tokenizer;
-    let msg =
-        |role: &str, content: &str| ChatMessage { role: role.into(), content: content.into() };
+    let msg = |role: &str, content: &str| ChatMessage::new(role, content);
     let example = Example {
         messages: vec![
             msg("system", "Be brief."),

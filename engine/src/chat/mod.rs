@@ -1,6 +1,9 @@
 //! Conversations: the messages a chat holds and the model's chat template that turns them
 //! into a prompt. Tool-call formats and reasoning parsers belong here too.
 
+mod pyjson;
 pub mod template;
+pub mod tools;
 
-pub use template::{ChatMessage, ChatTemplate};
+pub use template::{ChatMessage, ChatOptions, ChatTemplate};
+pub use tools::{CallSplitter, Piece, Tool, ToolCall, ToolChoice, ToolFormat};

@@ -2,14 +2,46 @@
 //! with the work and the text a downloaded template may produce bounded.
 
 use serde::Serialize;
+use serde_json::{Map, Value};
 
 use crate::error::{EngineError, Result};
 
-/// One message of a conversation, as templates see it.
+/// One message of a conversation, as templates see it (the fields Hugging Face templates
+/// read; absent ones are left out, as a client's dict would leave them out).
 #[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant's calls: `{"id", "type": "function", "function": {"name", "arguments"}}`
+    /// with `arguments` an object (templates `tojson` it), as transformers expects.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<Value>,
+    /// A tool result's call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl ChatMessage {
+    pub fn new(role: &str, content: impl Into<String>) -> ChatMessage {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+            tool_calls: vec![],
+            tool_call_id: None,
+            name: None,
+        }
+    }
+}
+
+/// What a chat is rendered with besides its messages.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChatOptions {
+    /// Tool definitions as the client sent them (`{"type": "function", "function": …}`).
+    pub tools: Vec<Value>,
+    /// Template keyword arguments (`enable_thinking`, `reasoning_effort`, …).
+    pub kwargs: Map<String, Value>,
 }
 
 /// A model's chat template and the special-token texts it may use.
@@ -23,7 +55,12 @@ pub struct ChatTemplate {
 impl ChatTemplate {
     /// Render `messages` through the model's chat template, ending with the assistant's
     /// turn opened when `add_generation_prompt`.
-    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        options: &ChatOptions,
+    ) -> Result<String> {
         let mut env = minijinja::Environment::new();
         minijinja_contrib::add_to_environment(&mut env);
         // Hugging Face templates call Python string methods (.strip(), .startswith(), ...).
@@ -35,23 +72,31 @@ impl ChatTemplate {
             },
         );
         env.add_function("strftime_now", |fmt: String| -> String {
-            // Templates use this for "today's date" in system prompts; a fixed-format UTC date.
-            let _ = fmt;
-            let days = std::time::SystemTime::now()
+            // Templates use this for "today's date" in system prompts (UTC).
+            let secs = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs() / 86_400)
+                .map(|d| d.as_secs())
                 .unwrap_or(0);
-            civil_date(days as i64)
+            strftime(&fmt, secs as i64)
         });
+        // Python's json.dumps, as transformers' `tojson` calls it: `", "` and `": "`
+        // separators, non-ASCII kept, keys in their order, optional indent.
+        env.add_filter("tojson", super::pyjson::tojson);
         // Templates come with downloaded models: bound the work (every instruction costs fuel;
         // real templates spend a few thousand per message) and the text they write.
         env.set_fuel(Some(TEMPLATE_FUEL));
         env.add_template("chat", &self.source).map_err(|e| EngineError::Template(e.to_string()))?;
+        // Keyword arguments first, so a `messages` or `tools` among them cannot replace the
+        // real ones.
+        let kwargs = minijinja::Value::from_serialize(&options.kwargs);
+        let tools = (!options.tools.is_empty()).then_some(&options.tools);
         let ctx = minijinja::context! {
             messages => messages,
+            tools => tools,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
+            ..kwargs
         };
         let mut out = CappedWriter(Vec::new());
         env.get_template("chat")
@@ -69,8 +114,67 @@ impl ChatTemplate {
     }
 }
 
-/// "26 Nov 2026" from days since the Unix epoch (Howard Hinnant's civil-from-days).
-fn civil_date(days: i64) -> String {
+/// The parts of C's strftime that chat templates use (`%d %b %Y`, `%Y-%m-%d`, `%B`, `%A`,
+/// …), for a UTC time; an unknown directive is written as is.
+fn strftime(fmt: &str, secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let (y, m, d) = civil(days);
+    let sod = secs.rem_euclid(86_400);
+    let weekday = (days + 4).rem_euclid(7) as usize; // 1970-01-01 was a Thursday
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] =
+        ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
+    let mut out = String::new();
+    let mut chars = fmt.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let month = MONTHS[(m - 1) as usize];
+        match chars.next() {
+            Some('Y') => out.push_str(&y.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", y.rem_euclid(100))),
+            Some('m') => out.push_str(&format!("{m:02}")),
+            Some('d') => out.push_str(&format!("{d:02}")),
+            Some('-') if chars.clone().next() == Some('d') => {
+                chars.next();
+                out.push_str(&d.to_string());
+            }
+            Some('B') => out.push_str(month),
+            Some('b') => out.push_str(&month[..3]),
+            Some('A') => out.push_str(DAYS[weekday]),
+            Some('a') => out.push_str(&DAYS[weekday][..3]),
+            Some('H') => out.push_str(&format!("{:02}", sod / 3600)),
+            Some('M') => out.push_str(&format!("{:02}", sod / 60 % 60)),
+            Some('S') => out.push_str(&format!("{:02}", sod % 60)),
+            Some('j') => out.push_str(&format!("{:03}", days - days_from_civil(y, 1, 1) + 1)),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// (year, month, day) from days since the Unix epoch (Howard Hinnant's civil-from-days).
+fn civil(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;
@@ -79,10 +183,17 @@ fn civil_date(days: i64) -> String {
     let mp = (5 * doy + 2) / 153;
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    const MONTHS: [&str; 12] =
-        ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
-    format!("{d:02} {} {y}", MONTHS[(m - 1) as usize])
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
 /// Instructions a chat template may run per render (minijinja fuel): thousands of messages'

@@ -28,6 +28,10 @@ pub struct SamplingParams {
     pub frequency_penalty: f32,
     /// Same seed and settings give the same text. `None` picks one at random.
     pub seed: Option<u64>,
+    /// Added to the logits of these token ids before anything else (OpenAI's `logit_bias`:
+    /// -100 bans a token, 100 all but forces it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -41,6 +45,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: None,
+            logit_bias: vec![],
         }
     }
 }
@@ -83,6 +88,8 @@ pub struct Sampler {
     counts: Option<Array>,
     /// 0..V, for the one-hot update of `seen`/`counts`; built once, only when penalties are on.
     vocab_ids: Option<Array>,
+    /// `logit_bias` as a dense [V] row.
+    bias: Option<Array>,
     vocab: i32,
 }
 
@@ -108,7 +115,23 @@ impl Sampler {
         let vocab_ids = (seen.is_some() || counts.is_some())
             .then(|| ops::arange::<_, i32>(None, vocab, None))
             .transpose()?;
-        Ok(Sampler { key: random::key(seed)?, params, seen, counts, vocab_ids, vocab })
+        let bias = if params.logit_bias.is_empty() {
+            None
+        } else {
+            let mut row = vec![0f32; vocab as usize];
+            for &(id, b) in &params.logit_bias {
+                let slot = row.get_mut(id as usize).ok_or_else(|| EngineError::BadField {
+                    field: "logit_bias",
+                    msg: format!(
+                        "`logit_bias` names token {id}, outside the vocabulary (0 to {})",
+                        vocab - 1
+                    ),
+                })?;
+                *slot = b;
+            }
+            Some(Array::from_slice(&row, &[vocab]))
+        };
+        Ok(Sampler { key: random::key(seed)?, params, seen, counts, vocab_ids, bias, vocab })
     }
 
     /// `logits`: [1, V] (any float dtype) → the chosen token id, shape [1], still lazy.
@@ -141,6 +164,9 @@ impl Sampler {
     /// at once).
     pub fn penalised(&self, logits: &Array, drafted: Option<&Array>) -> Result<Array> {
         let mut logits = logits.as_dtype(mlx_rs::Dtype::Float32)?;
+        if let Some(bias) = &self.bias {
+            logits = logits.add(bias)?;
+        }
         let p = &self.params;
         let extra = match (drafted, &self.vocab_ids) {
             (Some(d), Some(ids)) if d.size() > 0 => {

@@ -14,7 +14,7 @@ use super::engine::{Engine, ModelInfo};
 use super::model_ref::ModelRef;
 use super::observe::LastTurn;
 use super::{GateError, GatePermit, Lease, Policy, UserRequest};
-use crate::chat::ChatMessage;
+use crate::chat::{CallSplitter, ChatMessage, ChatOptions, Piece, Tool, ToolCall, ToolChoice};
 use crate::decode::sampler::SamplingParams;
 use crate::decode::{
     context_room, generate_streaming, DraftMode, FinishReason, GenerateParams, Generation,
@@ -67,6 +67,13 @@ pub struct Turn {
     pub draft: DraftChoice,
     /// Keep going past end-of-sequence (benchmarks need a fixed length).
     pub ignore_eos: bool,
+    /// Functions the model may call (chat prompts only), and whether it must.
+    pub tools: Vec<Tool>,
+    pub tool_choice: ToolChoice,
+    /// `false`: at most one call per answer.
+    pub parallel_tool_calls: bool,
+    /// Chat template keyword arguments (`reasoning_effort`, `enable_thinking`, …).
+    pub template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Turn {
@@ -81,6 +88,10 @@ impl Turn {
             response_format: ResponseFormat::Text,
             draft: DraftChoice::ModelDefault,
             ignore_eos: false,
+            tools: vec![],
+            tool_choice: ToolChoice::Auto,
+            parallel_tool_calls: true,
+            template_kwargs: Default::default(),
         }
     }
 }
@@ -93,6 +104,9 @@ pub enum TurnEvent {
         text: String,
         logprobs: Vec<TokenLogprob>,
     },
+    /// A call the model made (only when the turn offered tools); its text never appears in
+    /// a `Delta`.
+    ToolCall(ToolCall),
     End(TurnEnd),
     /// The generation failed after the turn started.
     Failed(EngineError),
@@ -163,19 +177,32 @@ impl Arrival {
         on_end: impl FnOnce(&TurnRecord<'_>) + Send + 'static,
     ) -> Result<TurnHandle> {
         let Arrival { engine, mut user, at } = self;
-        let (info, prompt) = {
+        let mut stop = turn.stop;
+        let (info, prompt, splitter) = {
             let (engine, model, prompt) = (engine.clone(), turn.model.clone(), turn.prompt);
+            let chat = ChatSetup {
+                tools: turn.tools,
+                choice: turn.tool_choice,
+                kwargs: turn.template_kwargs,
+            };
+            let parallel = turn.parallel_tool_calls;
             let work = tokio::task::spawn_blocking(move || {
                 let info = engine.resolve(&model)?;
-                let ids = prompt_tokens(&info, prompt)?;
-                Ok::<_, EngineError>((info, ids))
+                let (ids, splitter) = prompt_tokens(&info, prompt, chat)?;
+                Ok::<_, EngineError>((info, ids, splitter))
             });
-            match tokio::time::timeout(PREPARE_DEADLINE, work).await {
+            let r = match tokio::time::timeout(PREPARE_DEADLINE, work).await {
                 Ok(Ok(r)) => r?,
                 Ok(Err(e)) => return Err(EngineError::Internal(format!("preparing failed: {e}"))),
                 Err(_) => return Err(EngineError::PrepareDeadline(PREPARE_DEADLINE.as_secs())),
+            };
+            // One call at most: the answer ends where the first call does.
+            if let (false, Some((_, format))) = (parallel, &r.2) {
+                stop.extend(format.call_end().map(String::from));
             }
+            r
         };
+        let splitter = splitter.map(|(s, _)| s);
         // The one clamp: what was asked, the server's cap, and the room the (possibly capped)
         // context leaves after the prompt.
         let cap = engine.config.max_tokens_cap.unwrap_or(usize::MAX);
@@ -183,7 +210,7 @@ impl Arrival {
         let params = GenerateParams {
             max_tokens: turn.max_tokens.unwrap_or(usize::MAX).min(cap).min(room),
             sampling: turn.sampling,
-            stop: turn.stop,
+            stop,
             ignore_eos: turn.ignore_eos,
             logprobs: turn.logprobs,
             json_mode: turn.response_format == ResponseFormat::JsonObject,
@@ -212,6 +239,7 @@ impl Arrival {
             prompt,
             params,
             draft: turn.draft,
+            splitter,
             held: (permit, lease, user),
             arrived: at,
             cancel,
@@ -222,11 +250,56 @@ impl Arrival {
     }
 }
 
-/// The prompt's token ids, checked against the model's vocabulary and context.
-fn prompt_tokens(info: &ModelInfo, prompt: Prompt) -> Result<Vec<u32>> {
+/// A chat prompt's tools and template arguments.
+struct ChatSetup {
+    tools: Vec<Tool>,
+    choice: ToolChoice,
+    kwargs: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The prompt's token ids, checked against the model's vocabulary and context; with tools
+/// offered, the splitter that reads calls out of the answer (and the model's call format).
+fn prompt_tokens(
+    info: &ModelInfo,
+    prompt: Prompt,
+    chat: ChatSetup,
+) -> Result<(Vec<u32>, Option<(CallSplitter, crate::chat::ToolFormat)>)> {
     let tok = &info.tokenizer;
+    let mut splitter = None;
     let mut ids = match prompt {
-        Prompt::Messages(m) => tok.encode_chat(&m)?,
+        Prompt::Messages(m) => {
+            let format = tok.tool_format();
+            let offered = !chat.tools.is_empty() && chat.choice != ToolChoice::None;
+            // A forced call starts in the prompt: the model continues its opening.
+            let forced = match &chat.choice {
+                ToolChoice::Required | ToolChoice::Named(_) if offered => {
+                    let name = match &chat.choice {
+                        ToolChoice::Named(n) => Some(n.as_str()),
+                        _ => None,
+                    };
+                    Some(format.forced_prefix(name).ok_or_else(|| EngineError::BadField {
+                        field: "tool_choice",
+                        msg: format!(
+                            "`tool_choice` that forces a call is not supported for this model's tool-call format ({format:?}); use \"auto\""
+                        ),
+                    })?)
+                }
+                _ => None,
+            };
+            let options = ChatOptions {
+                tools: if offered {
+                    chat.tools.iter().map(|t| t.definition.clone()).collect()
+                } else {
+                    vec![]
+                },
+                kwargs: chat.kwargs,
+            };
+            if offered {
+                let names = chat.tools.iter().map(|t| t.name.clone()).collect();
+                splitter = Some((CallSplitter::new(format, names, forced.as_deref()), format));
+            }
+            tok.encode_chat_with(&m, &options, forced.as_deref().unwrap_or(""))?
+        }
         Prompt::Text(t) => tok.encode(&t, true)?,
         Prompt::Tokens(ids) => {
             if let Some(&token) = ids.iter().find(|&&t| t as usize >= info.vocab_size) {
@@ -239,7 +312,7 @@ fn prompt_tokens(info: &ModelInfo, prompt: Prompt) -> Result<Vec<u32>> {
         ids.extend(tok.start_token());
     }
     context_room(ids.len(), info.context_length)?;
-    Ok(ids)
+    Ok((ids, splitter))
 }
 
 /// A started turn: its events, and its cancellation (dropping the handle cancels it; the
@@ -267,7 +340,7 @@ impl TurnHandle {
     pub async fn finish(mut self) -> Result<TurnEnd> {
         while let Some(ev) = self.next().await {
             match ev {
-                TurnEvent::Delta { .. } => {}
+                TurnEvent::Delta { .. } | TurnEvent::ToolCall(_) => {}
                 TurnEvent::End(end) => return Ok(end),
                 TurnEvent::Failed(e) => return Err(e),
             }
@@ -290,6 +363,8 @@ struct Running {
     prompt: Vec<u32>,
     params: GenerateParams,
     draft: DraftChoice,
+    /// Reads tool calls out of the text (a turn that offered tools).
+    splitter: Option<CallSplitter>,
     held: (GatePermit, Lease, UserRequest),
     arrived: Instant,
     cancel: Arc<AtomicBool>,
@@ -298,8 +373,18 @@ struct Running {
 
 impl Running {
     fn run(self, tx: mpsc::UnboundedSender<TurnEvent>) {
-        let Running { engine, info, prompt, mut params, draft, held, arrived, cancel, on_end } =
-            self;
+        let Running {
+            engine,
+            info,
+            prompt,
+            mut params,
+            draft,
+            splitter,
+            held,
+            arrived,
+            cancel,
+            on_end,
+        } = self;
         let started = Instant::now();
         params.draft = match draft {
             DraftChoice::ModelDefault => {
@@ -308,10 +393,25 @@ impl Running {
             DraftChoice::Off => DraftMode::None,
             DraftChoice::Use(d) => d,
         };
-        let pieces = tx.clone();
+        let splitter =
+            Arc::new(std::sync::Mutex::new(splitter.map(|s| Split { s, logprobs: vec![] })));
+        let (pieces, split) = (tx.clone(), splitter.clone());
         let result = generate(&engine, &info.id, prompt.clone(), params, cancel, move |t, l| {
-            let _ = pieces.send(TurnEvent::Delta { text: t.to_string(), logprobs: l.to_vec() });
+            match split.locked().as_mut() {
+                Some(sp) => {
+                    let out = sp.s.push(t);
+                    sp.send(&pieces, out, l)
+                }
+                None => {
+                    let _ =
+                        pieces.send(TurnEvent::Delta { text: t.to_string(), logprobs: l.to_vec() });
+                }
+            }
         });
+        if let Some(sp) = splitter.locked().as_mut() {
+            let rest = sp.s.finish();
+            sp.send(&tx, rest, &[]);
+        }
         let ttft = result.as_ref().ok().map(|g| started - arrived + g.ttft);
         if let (Ok(g), Some(ttft)) = (&result, ttft) {
             *engine.last_turn.locked() = Some(LastTurn {
@@ -334,6 +434,27 @@ impl Running {
             }),
             Err(e) => TurnEvent::Failed(e),
         });
+    }
+}
+
+/// A splitter, and the log-probabilities of text it holds back (they go out with the next
+/// content, so none is lost).
+struct Split {
+    s: CallSplitter,
+    logprobs: Vec<TokenLogprob>,
+}
+
+impl Split {
+    fn send(&mut self, tx: &mpsc::UnboundedSender<TurnEvent>, out: Vec<Piece>, l: &[TokenLogprob]) {
+        self.logprobs.extend_from_slice(l);
+        for p in out {
+            let _ = tx.send(match p {
+                Piece::Content(text) => {
+                    TurnEvent::Delta { text, logprobs: std::mem::take(&mut self.logprobs) }
+                }
+                Piece::Call(c) => TurnEvent::ToolCall(c),
+            });
+        }
     }
 }
 

@@ -86,6 +86,12 @@ impl ApiError {
                 ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", msg.clone())
             }
             EngineError::EmptyPrompt => ApiError::invalid(prompt_param, e.to_string()),
+            EngineError::BadField { field, .. } => ApiError::invalid(field, e.to_string()),
+            // A template's `raise_exception` rejects the conversation (roles out of order, a
+            // tool result without its call); its budget errors name the template.
+            EngineError::Template(_) => {
+                ApiError::invalid(prompt_param, e.to_string()).code("template_error")
+            }
             EngineError::ContextOverflow { .. } => {
                 ApiError::invalid(prompt_param, e.to_string()).code("context_length_exceeded")
             }

@@ -4,6 +4,7 @@
 
 mod render;
 pub mod request;
+mod tools;
 
 use std::sync::Arc;
 
@@ -70,6 +71,8 @@ pub(super) struct Wire {
     endpoint: Endpoint,
     include_usage: bool,
     logprobs: bool,
+    /// Calls go out as the legacy `function_call`.
+    legacy_functions: bool,
 }
 
 pub async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -91,8 +94,12 @@ async fn complete(
     let route = if endpoint == Endpoint::Chat { &CHAT } else { &COMPLETIONS };
     let parse = move |bytes: &[u8], defaults: &_| {
         let r = request::parse_with(endpoint, bytes, defaults)?;
-        let wire =
-            Wire { endpoint, include_usage: r.include_usage, logprobs: r.turn.logprobs.is_some() };
+        let wire = Wire {
+            endpoint,
+            include_usage: r.include_usage,
+            logprobs: r.turn.logprobs.is_some(),
+            legacy_functions: r.legacy_functions,
+        };
         Ok(Parsed { stream: r.stream, turn: r.turn, wire })
     };
     match exchange::start(&app, route, body, parse).await {

@@ -13,7 +13,8 @@ use serde_json::{json, Value};
 
 use super::request::Endpoint;
 use super::Wire;
-use crate::decode::TokenLogprob;
+use crate::chat::ToolCall;
+use crate::decode::{FinishReason, TokenLogprob};
 use crate::error::EngineError;
 use crate::runtime::{TurnEvent, Usage};
 use crate::server::error::ApiError;
@@ -59,30 +60,62 @@ fn completion_logprobs(lps: &[TokenLogprob], offset0: usize) -> Value {
     })
 }
 
+/// `finish_reason`: a stop after calls is `tool_calls` (`function_call` for the legacy form).
+fn finish_of(reason: FinishReason, called: bool, legacy: bool) -> &'static str {
+    match (reason, called, legacy) {
+        (FinishReason::Stop, true, false) => "tool_calls",
+        (FinishReason::Stop, true, true) => "function_call",
+        _ => finish_name(reason),
+    }
+}
+
+fn call_json(c: &ToolCall) -> Value {
+    json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
+}
+
 /// The whole answer as one JSON body.
 pub(super) async fn collect(mut x: Exchange<Wire>) -> Response {
     let created = unix_now() as u64;
-    let Wire { endpoint, logprobs, .. } = x.wire;
+    let Wire { endpoint, logprobs, legacy_functions, .. } = x.wire;
     let mut lps = Vec::new();
+    let (mut text, mut calls) = (String::new(), Vec::new());
     while let Some(ev) = x.handle.next().await {
         let end = match ev {
-            TurnEvent::Delta { logprobs, .. } => {
+            TurnEvent::Delta { text: t, logprobs } => {
+                text.push_str(&t);
                 lps.extend(logprobs);
+                continue;
+            }
+            TurnEvent::ToolCall(c) => {
+                calls.push(c);
                 continue;
             }
             TurnEvent::Failed(e) => return error_of(endpoint, &e).into_response(),
             TurnEvent::End(end) => end,
         };
         let (id, model) = (&x.id, &x.handle.model);
-        let finish = finish_name(end.finish_reason);
-        let text = end.generation.text;
+        let finish = finish_of(end.finish_reason, !calls.is_empty(), legacy_functions);
         let body = match endpoint {
-            Endpoint::Chat => json!({
-                "id": id, "object": "chat.completion", "created": created, "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "logprobs": if logprobs { chat_logprobs(&lps) } else { Value::Null }, "finish_reason": finish}],
-                "usage": usage(end.usage),
-            }),
+            Endpoint::Chat => {
+                let mut message = json!({"role": "assistant", "content": text});
+                if !calls.is_empty() {
+                    if text.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                    if legacy_functions {
+                        message["function_call"] =
+                            json!({"name": calls[0].name, "arguments": calls[0].arguments});
+                    } else {
+                        message["tool_calls"] = calls.iter().map(call_json).collect();
+                    }
+                }
+                json!({
+                    "id": id, "object": "chat.completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "message": message,
+                                 "logprobs": if logprobs { chat_logprobs(&lps) } else { Value::Null }, "finish_reason": finish}],
+                    "usage": usage(end.usage),
+                })
+            }
             Endpoint::Completion => json!({
                 "id": id, "object": "text_completion", "created": created, "model": model,
                 "choices": [{"index": 0, "text": text,
@@ -102,6 +135,8 @@ struct SseState {
     started: bool,
     done: bool,
     text_offset: usize,
+    /// Calls sent so far (the next one's `index`).
+    calls: usize,
 }
 
 impl SseState {
@@ -146,8 +181,30 @@ impl SseState {
                 let ev = self.chunk(json!({"content": text}), None, lp);
                 self.queue.push_back(ev);
             }
+            Some(TurnEvent::ToolCall(c)) => {
+                let i = self.calls;
+                self.calls += 1;
+                if self.x.wire.legacy_functions {
+                    let ev = self.chunk(
+                        json!({"function_call": {"name": c.name, "arguments": c.arguments}}),
+                        None,
+                        None,
+                    );
+                    self.queue.push_back(ev);
+                    return;
+                }
+                // As OpenAI streams them: id and name first, then the arguments.
+                let head = json!({"tool_calls": [{"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}]});
+                let args =
+                    json!({"tool_calls": [{"index": i, "function": {"arguments": c.arguments}}]});
+                let (head, args) = (self.chunk(head, None, None), self.chunk(args, None, None));
+                self.queue.push_back(head);
+                self.queue.push_back(args);
+            }
             Some(TurnEvent::End(end)) => {
-                let ev = self.chunk(json!({}), Some(finish_name(end.finish_reason)), None);
+                let finish =
+                    finish_of(end.finish_reason, self.calls > 0, self.x.wire.legacy_functions);
+                let ev = self.chunk(json!({}), Some(finish), None);
                 self.queue.push_back(ev);
                 if self.x.wire.include_usage {
                     let body = json!({"id": self.x.id, "object": self.object(), "created": self.created, "model": self.x.handle.model, "choices": [], "usage": usage(end.usage)});
@@ -183,6 +240,7 @@ pub(super) fn sse(x: Exchange<Wire>) -> Sse<impl Stream<Item = Result<Event, Inf
         started: false,
         done: false,
         text_offset: 0,
+        calls: 0,
     };
     let events = stream::unfold(state, |mut s| async move {
         loop {

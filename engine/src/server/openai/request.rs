@@ -21,15 +21,17 @@ pub struct ParsedRequest {
     pub turn: Turn,
     pub stream: bool,
     pub include_usage: bool,
+    /// The request used the legacy `functions`: answer with `function_call`, not `tool_calls`.
+    pub legacy_functions: bool,
 }
 
 pub const MAX_STOPS: usize = 16;
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
-struct Body<'a>(&'a Map<String, Value>);
+pub(super) struct Body<'a>(pub(super) &'a Map<String, Value>);
 
 impl Body<'_> {
-    fn get(&self, key: &str) -> Option<&Value> {
+    pub(super) fn get(&self, key: &str) -> Option<&Value> {
         self.0.get(key).filter(|v| !v.is_null())
     }
 
@@ -72,7 +74,7 @@ impl Body<'_> {
         }
     }
 
-    fn boolean(&self, key: &str) -> Result<Option<bool>, ApiError> {
+    pub(super) fn boolean(&self, key: &str) -> Result<Option<bool>, ApiError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
@@ -84,7 +86,7 @@ impl Body<'_> {
     }
 }
 
-fn kind(v: &Value) -> &'static str {
+pub(super) fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -122,6 +124,7 @@ pub fn parse_with(
         .code("invalid_type"));
     };
     let b = Body(map);
+    check_fields(endpoint, map)?;
     let model = match b.get("model") {
         Some(Value::String(s)) if !s.is_empty() => {
             s.parse::<ModelRef>().map_err(|e| ApiError::invalid("model", e.to_string()))?
@@ -180,6 +183,7 @@ pub fn parse_with(
             1.0,
         ),
         seed: b.integer("seed", i64::MIN, i64::MAX)?.map(|s| s as u64),
+        logit_bias: logit_bias(b.get("logit_bias"))?,
     };
     let stop = match b.get("stop") {
         None => vec![],
@@ -282,6 +286,30 @@ pub fn parse_with(
             );
         }
     }
+    let tools = super::tools::parse(&b)?;
+    let mut template_kwargs = match b.get("chat_template_kwargs") {
+        None => Map::new(),
+        Some(Value::Object(o)) => o.clone(),
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "chat_template_kwargs",
+                format!("`chat_template_kwargs` must be an object; got {}", kind(v)),
+            )
+            .code("invalid_type"))
+        }
+    };
+    match b.get("reasoning_effort") {
+        None => {}
+        Some(Value::String(e)) if ["minimal", "low", "medium", "high"].contains(&e.as_str()) => {
+            template_kwargs.insert("reasoning_effort".into(), Value::from(e.as_str()));
+        }
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "reasoning_effort",
+                format!("`reasoning_effort` must be one of minimal, low, medium, high; got {v}"),
+            ))
+        }
+    }
     Ok(ParsedRequest {
         turn: Turn {
             max_tokens,
@@ -289,11 +317,130 @@ pub fn parse_with(
             stop,
             logprobs,
             response_format,
+            tools: tools.tools,
+            tool_choice: tools.choice,
+            parallel_tool_calls: tools.parallel,
+            template_kwargs,
             ..Turn::new(model, input)
         },
         stream,
         include_usage,
+        legacy_functions: tools.legacy,
     })
+}
+
+/// Fields Perch reads, per endpoint; anything else is refused by name rather than ignored.
+const COMMON_FIELDS: &[&str] = &[
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "n",
+    "stop",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "logit_bias",
+    // Accepted and ignored on purpose (docs/api-fields.md): they label or route a request
+    // and change nothing a local server computes.
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+];
+const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "functions",
+    "function_call",
+    "reasoning_effort",
+    "chat_template_kwargs",
+    "modalities",
+];
+const COMPLETION_FIELDS: &[&str] = &["prompt", "echo", "suffix", "best_of"];
+/// Fields Perch knows and cannot honour: a 400 naming each.
+const REFUSED: &[(&str, &str)] = &[
+    ("prediction", "predicted outputs are not supported"),
+    ("audio", "audio output is not supported"),
+    ("web_search_options", "web search is not supported"),
+];
+
+fn check_fields(endpoint: Endpoint, map: &Map<String, Value>) -> Result<(), ApiError> {
+    let own = if endpoint == Endpoint::Chat { CHAT_FIELDS } else { COMPLETION_FIELDS };
+    for (key, v) in map {
+        if v.is_null() && !REFUSED.iter().any(|(k, _)| k == key) {
+            continue;
+        }
+        if let Some((_, why)) = REFUSED.iter().find(|(k, _)| k == key) {
+            if !v.is_null() {
+                return Err(
+                    ApiError::invalid(key, format!("`{key}`: {why}")).code("unsupported_parameter")
+                );
+            }
+            continue;
+        }
+        if key == "modalities" {
+            let text_only = v.as_array().is_some_and(|m| m.iter().all(|x| x == "text"));
+            if !text_only {
+                return Err(ApiError::invalid(
+                    "modalities",
+                    "`modalities`: only [\"text\"] is supported (no audio output)",
+                )
+                .code("unsupported_value"));
+            }
+            continue;
+        }
+        if !COMMON_FIELDS.contains(&key.as_str()) && !own.contains(&key.as_str()) {
+            return Err(ApiError::invalid(
+                key,
+                format!("Unrecognized request argument supplied: {key}"),
+            )
+            .code("unknown_parameter"));
+        }
+    }
+    Ok(())
+}
+
+/// `{"token id": bias}`, bias from -100 to 100.
+fn logit_bias(v: Option<&Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(v) = v else { return Ok(vec![]) };
+    let Value::Object(map) = v else {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            format!("`logit_bias` must be an object of token id to bias; got {}", kind(v)),
+        )
+        .code("invalid_type"));
+    };
+    if map.len() > 1024 {
+        return Err(ApiError::invalid("logit_bias", "`logit_bias` may name at most 1024 tokens"));
+    }
+    map.iter()
+        .map(|(k, b)| {
+            let id = k.parse::<u32>().map_err(|_| {
+                ApiError::invalid("logit_bias", format!("`logit_bias` key `{k}` is not a token id"))
+            })?;
+            match b.as_f64() {
+                Some(x) if (-100.0..=100.0).contains(&x) => Ok((id, x as f32)),
+                _ => Err(ApiError::invalid(
+                    "logit_bias",
+                    format!("`logit_bias[{k}]` must be a number from -100 to 100; got {b}"),
+                )),
+            }
+        })
+        .collect()
 }
 
 fn messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
@@ -324,6 +471,8 @@ fn messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
             };
             let role = match m.get("role").and_then(|r| r.as_str()) {
                 Some(r @ ("system" | "user" | "assistant" | "tool")) => r.to_string(),
+                // The legacy name of a tool result.
+                Some("function") => "tool".to_string(),
                 Some("developer") => "system".to_string(),
                 Some(r) => {
                     return Err(ApiError::invalid(
@@ -382,7 +531,27 @@ fn messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
                     .code("missing_required_parameter"))
                 }
             };
-            Ok(ChatMessage { role, content })
+            let mut msg = ChatMessage::new(&role, content);
+            if role == "assistant" {
+                msg.tool_calls = super::tools::history_calls(m, &at)?;
+            }
+            if role == "tool" {
+                msg.tool_call_id = match m.get("tool_call_id") {
+                    Some(Value::String(id)) => Some(id.clone()),
+                    None | Some(Value::Null) => None,
+                    Some(v) => {
+                        return Err(ApiError::invalid(
+                            &at(".tool_call_id"),
+                            format!("`{}` must be a string; got {}", at(".tool_call_id"), kind(v)),
+                        )
+                        .code("invalid_type"))
+                    }
+                };
+            }
+            if let Some(Value::String(name)) = m.get("name") {
+                msg.name = Some(name.clone());
+            }
+            Ok(msg)
         })
         .collect()
 }
@@ -488,12 +657,12 @@ mod tests {
 
     #[test]
     fn good_requests_parse() {
-        let r = parse(Endpoint::Chat, br#"{"model":"m","messages":[{"role":"developer","content":[{"type":"text","text":"be brief"}]},{"role":"user","content":"hi"}],"max_tokens":5,"stop":["a","b"],"seed":3,"stream":true,"stream_options":{"include_usage":true},"logprobs":true,"top_logprobs":2,"response_format":{"type":"json_object"},"unknown_field":1}"#).unwrap();
+        let r = parse(Endpoint::Chat, br#"{"model":"m","messages":[{"role":"developer","content":[{"type":"text","text":"be brief"}]},{"role":"user","content":"hi"}],"max_tokens":5,"stop":["a","b"],"seed":3,"stream":true,"stream_options":{"include_usage":true},"logprobs":true,"top_logprobs":2,"response_format":{"type":"json_object"},"user":"u1","metadata":{"a":"b"}}"#).unwrap();
         assert_eq!(
             r.turn.prompt,
             Prompt::Messages(vec![
-                ChatMessage { role: "system".into(), content: "be brief".into() },
-                ChatMessage { role: "user".into(), content: "hi".into() }
+                ChatMessage::new("system", "be brief"),
+                ChatMessage::new("user", "hi")
             ])
         );
         assert_eq!(
@@ -507,6 +676,40 @@ mod tests {
             .unwrap();
         assert_eq!(r.turn.prompt, Prompt::Tokens(vec![1, 2, 3]));
         assert_eq!(r.turn.sampling.temperature, 0.0);
+    }
+
+    #[test]
+    fn unknown_and_refused_fields_are_named() {
+        let chat = |extra: &str| {
+            format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}]{extra}}}"#)
+        };
+        for (extra, param, code) in [
+            (r#","unknown_field":1"#, "unknown_field", "unknown_parameter"),
+            (
+                r#","prediction":{"type":"content","content":"x"}"#,
+                "prediction",
+                "unsupported_parameter",
+            ),
+            (r#","audio":{"voice":"alloy"}"#, "audio", "unsupported_parameter"),
+            (r#","modalities":["text","audio"]"#, "modalities", "unsupported_value"),
+        ] {
+            let e = err(Endpoint::Chat, &chat(extra));
+            assert_eq!(
+                (e.status.as_u16(), e.param.as_deref(), e.code),
+                (400, Some(param), Some(code)),
+                "{extra}: {}",
+                e.message
+            );
+        }
+        // A completion-only field on chat is unknown there.
+        let e = err(Endpoint::Chat, &chat(r#","echo":true"#));
+        assert_eq!(e.param.as_deref(), Some("echo"));
+        // Null means absent, as the OpenAI clients send it.
+        assert!(parse(
+            Endpoint::Chat,
+            chat(r#","prediction":null,"modalities":["text"]"#).as_bytes()
+        )
+        .is_ok());
     }
 
     fn json_value() -> impl Strategy<Value = Value> {

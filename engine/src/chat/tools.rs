@@ -1,0 +1,359 @@
+//! Tools a request offers the model, and its tool calls read back out of the generated text in
+//! the markup its chat template taught it. The format is chosen from the template's own text
+//! (what it shows the model), never from the model's name, after llama.cpp's chat parsers.
+//! `CallSplitter` works on streamed text: anything that may still become a call's markup is
+//! held back, so markup never reaches `content`.
+
+use serde_json::Value;
+
+/// A function the client offers (OpenAI's `tools[].function`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tool {
+    pub name: String,
+    /// `{"type": "function", "function": {...}}` as the client sent it: templates render it.
+    pub definition: Value,
+}
+
+/// Whether and which tool the model must call.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ToolChoice {
+    #[default]
+    Auto,
+    /// No call: the tools are not shown to the model and its text is never read as calls.
+    None,
+    /// At least one call.
+    Required,
+    /// A call to this function.
+    Named(String),
+}
+
+/// One call the model made.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// A JSON object, as text (OpenAI's `function.arguments`).
+    pub arguments: String,
+}
+
+/// How a model writes its calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolFormat {
+    /// `<tool_call>{"name": …, "arguments": …}</tool_call>` (Hermes, Qwen 2.5/3) or, inside
+    /// the same tags, `<function=name><parameter=p>v</parameter></function>` (Qwen3-Coder,
+    /// Qwen 3.5).
+    TaggedCall,
+    /// `[TOOL_CALLS][{"name": …, "arguments": …}, …]` to the end (Mistral).
+    Mistral,
+    /// `<|python_tag|>{"name": …, "parameters": …}` to the end (Llama 3.x).
+    PythonTag,
+    /// `<｜tool▁calls▁begin｜>…<｜tool▁calls▁end｜>` (DeepSeek V3/R1).
+    DeepSeek,
+    /// No markup known: an answer that is one JSON object `{"name", "arguments"}` naming an
+    /// offered tool is a call.
+    Generic,
+}
+
+impl ToolFormat {
+    /// The format a chat template teaches, from the markers in its source.
+    pub fn of_template(source: &str) -> ToolFormat {
+        if source.contains("<tool_call>") {
+            ToolFormat::TaggedCall
+        } else if source.contains("[TOOL_CALLS]") {
+            ToolFormat::Mistral
+        } else if source.contains("<|python_tag|>") {
+            ToolFormat::PythonTag
+        } else if source.contains("tool▁calls▁begin") {
+            ToolFormat::DeepSeek
+        } else {
+            ToolFormat::Generic
+        }
+    }
+
+    /// The text that opens a call, and the one that closes it (`None`: the call runs to the
+    /// end of the answer).
+    fn markers(self) -> Option<(&'static str, Option<&'static str>)> {
+        match self {
+            ToolFormat::TaggedCall => Some(("<tool_call>", Some("</tool_call>"))),
+            ToolFormat::Mistral => Some(("[TOOL_CALLS]", None)),
+            ToolFormat::PythonTag => Some(("<|python_tag|>", None)),
+            ToolFormat::DeepSeek => Some(("<｜tool▁calls▁begin｜>", Some("<｜tool▁calls▁end｜>"))),
+            ToolFormat::Generic => None,
+        }
+    }
+
+    /// What the model's answer starts with when a call is forced (`tool_choice` `required`
+    /// or named); `None` where Perch cannot force this format.
+    pub fn forced_prefix(self, name: Option<&str>) -> Option<String> {
+        match (self, name) {
+            (ToolFormat::TaggedCall, None) => Some("<tool_call>\n{\"name\": \"".into()),
+            (ToolFormat::TaggedCall, Some(n)) => {
+                Some(format!("<tool_call>\n{{\"name\": {}, \"arguments\": ", Value::from(n)))
+            }
+            _ => None,
+        }
+    }
+
+    /// The text that ends one call, when a turn may make only one.
+    pub fn call_end(self) -> Option<&'static str> {
+        match self {
+            ToolFormat::TaggedCall => Some("</tool_call>"),
+            _ => None,
+        }
+    }
+}
+
+/// What the splitter lets out.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Piece {
+    Content(String),
+    Call(ToolCall),
+}
+
+/// Splits streamed text into content and calls.
+pub struct CallSplitter {
+    format: ToolFormat,
+    /// Text seen but not yet let out.
+    held: String,
+    /// Inside a call's markup (after its opening marker).
+    in_call: bool,
+    calls: usize,
+    /// A prefix of the answer the prompt already wrote (a forced call's start).
+    id_seed: u64,
+    /// The generic format decides at the end: the whole answer, if it may be a call.
+    generic_hold: bool,
+    tool_names: Vec<String>,
+}
+
+impl CallSplitter {
+    /// `forced`: the start of the answer that the prompt already holds (it opens a call).
+    pub fn new(format: ToolFormat, tool_names: Vec<String>, forced: Option<&str>) -> Self {
+        let id_seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let mut s = CallSplitter {
+            format,
+            held: String::new(),
+            in_call: false,
+            calls: 0,
+            id_seed,
+            generic_hold: format == ToolFormat::Generic,
+            tool_names,
+        };
+        if let Some(f) = forced {
+            let out = s.push(f);
+            debug_assert!(out.is_empty(), "a forced prefix opens a call");
+        }
+        s
+    }
+
+    /// Feed generated text; returns what can be let out now.
+    pub fn push(&mut self, text: &str) -> Vec<Piece> {
+        self.held.push_str(text);
+        let mut out = Vec::new();
+        self.drain(&mut out, false);
+        out
+    }
+
+    /// The answer has ended: everything left.
+    pub fn finish(&mut self) -> Vec<Piece> {
+        let mut out = Vec::new();
+        self.drain(&mut out, true);
+        out
+    }
+
+    fn next_id(&mut self) -> String {
+        self.calls += 1;
+        // Unique within a server's life and unlikely to repeat across restarts.
+        let mix = self.id_seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ self.calls as u64;
+        format!("call_{mix:016x}{:02}", self.calls)
+    }
+
+    fn drain(&mut self, out: &mut Vec<Piece>, end: bool) {
+        let Some((open, close)) = self.format.markers() else {
+            return self.drain_generic(out, end);
+        };
+        loop {
+            if !self.in_call {
+                match self.held.find(open) {
+                    Some(at) => {
+                        let before: String = self.held.drain(..at + open.len()).collect();
+                        push_content(out, &before[..at], self.calls > 0);
+                        self.in_call = true;
+                    }
+                    None => {
+                        // Hold back a tail that may be the start of the marker.
+                        let keep = if end { 0 } else { partial_suffix(&self.held, open) };
+                        let cut = self.held.len() - keep;
+                        let text: String = self.held.drain(..cut).collect();
+                        push_content(out, &text, self.calls > 0);
+                        return;
+                    }
+                }
+            }
+            let body_end = match close {
+                Some(c) => self.held.find(c).map(|at| (at, at + c.len())),
+                None => None,
+            };
+            match body_end {
+                Some((at, after)) => {
+                    let body: String = self.held[..at].to_string();
+                    self.held.drain(..after);
+                    self.in_call = false;
+                    self.emit_calls(out, &body, open, close);
+                }
+                None if end => {
+                    let body = std::mem::take(&mut self.held);
+                    self.in_call = false;
+                    self.emit_calls(out, &body, open, close);
+                    return;
+                }
+                None => return,
+            }
+        }
+    }
+
+    /// A call's body becomes calls; a body that is no call is let out as the text it was.
+    fn emit_calls(&mut self, out: &mut Vec<Piece>, body: &str, open: &str, close: Option<&str>) {
+        match parse_body(self.format, body) {
+            Some(calls) if !calls.is_empty() => {
+                for (name, arguments) in calls {
+                    let id = self.next_id();
+                    out.push(Piece::Call(ToolCall { id, name, arguments }));
+                }
+            }
+            _ => {
+                let text = format!("{open}{body}{}", close.unwrap_or(""));
+                push_content(out, &text, false);
+            }
+        }
+    }
+
+    fn drain_generic(&mut self, out: &mut Vec<Piece>, end: bool) {
+        if self.generic_hold {
+            let start = self.held.trim_start();
+            if start.is_empty() && !end {
+                return;
+            }
+            if !start.starts_with('{') {
+                self.generic_hold = false;
+            } else if !end {
+                return;
+            } else if let Some((name, arguments)) = parse_call_object(start.trim_end()) {
+                if self.tool_names.iter().any(|n| *n == name) {
+                    self.held.clear();
+                    let id = self.next_id();
+                    out.push(Piece::Call(ToolCall { id, name, arguments }));
+                    return;
+                }
+            }
+        }
+        let text = std::mem::take(&mut self.held);
+        push_content(out, &text, false);
+    }
+}
+
+/// Text between or after calls that is only whitespace is layout, not content.
+fn push_content(out: &mut Vec<Piece>, text: &str, after_call: bool) {
+    if text.is_empty() || (after_call && text.trim().is_empty()) {
+        return;
+    }
+    match out.last_mut() {
+        Some(Piece::Content(c)) => c.push_str(text),
+        _ => out.push(Piece::Content(text.to_string())),
+    }
+}
+
+/// The length of the longest tail of `text` that is a proper start of `marker`.
+fn partial_suffix(text: &str, marker: &str) -> usize {
+    (1..marker.len().min(text.len() + 1))
+        .rev()
+        .find(|&n| {
+            text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..])
+        })
+        .unwrap_or(0)
+}
+
+/// `{"name": …, "arguments"|"parameters": {…}}` → (name, arguments as JSON text).
+fn parse_call_object(text: &str) -> Option<(String, String)> {
+    let v: Value = serde_json::from_str(text)
+        // A forced call's prompt opened an object whose closing brace the model may not write.
+        .or_else(|_| serde_json::from_str(&format!("{text}}}")))
+        .ok()?;
+    call_of_value(&v)
+}
+
+fn call_of_value(v: &Value) -> Option<(String, String)> {
+    let name = v.get("name")?.as_str()?.to_string();
+    let args = match v.get("arguments").or_else(|| v.get("parameters")) {
+        None => Value::Object(Default::default()),
+        // Some models write the arguments as a JSON string.
+        Some(Value::String(s)) => serde_json::from_str(s).ok()?,
+        Some(a) => a.clone(),
+    };
+    args.is_object().then(|| (name, args.to_string()))
+}
+
+fn parse_body(format: ToolFormat, body: &str) -> Option<Vec<(String, String)>> {
+    let body = body.trim();
+    match format {
+        ToolFormat::TaggedCall if body.starts_with("<function=") => {
+            parse_xml_call(body).map(|c| vec![c])
+        }
+        ToolFormat::TaggedCall | ToolFormat::Generic => parse_call_object(body).map(|c| vec![c]),
+        ToolFormat::Mistral => {
+            let v: Value = serde_json::from_str(body).ok()?;
+            match v {
+                Value::Array(list) => list.iter().map(call_of_value).collect(),
+                v => call_of_value(&v).map(|c| vec![c]),
+            }
+        }
+        // Several calls may be separated by `;`.
+        ToolFormat::PythonTag => body.split(';').map(|c| parse_call_object(c.trim())).collect(),
+        ToolFormat::DeepSeek => parse_deepseek(body),
+    }
+}
+
+/// `<function=name>\n<parameter=p>\nvalue\n</parameter>\n</function>`: a value that parses as
+/// JSON is that JSON, any other is a string.
+fn parse_xml_call(body: &str) -> Option<(String, String)> {
+    let rest = body.strip_prefix("<function=")?;
+    let (name, mut rest) = rest.split_once('>')?;
+    let mut args = serde_json::Map::new();
+    loop {
+        rest = rest.trim_start();
+        if rest.starts_with("</function>") || rest.is_empty() {
+            break;
+        }
+        let r = rest.strip_prefix("<parameter=")?;
+        let (key, r) = r.split_once('>')?;
+        let (value, r) = r.split_once("</parameter>")?;
+        let value = value.strip_prefix('\n').unwrap_or(value);
+        let value = value.strip_suffix('\n').unwrap_or(value);
+        let v = serde_json::from_str(value).unwrap_or_else(|_| Value::from(value));
+        args.insert(key.trim().to_string(), v);
+        rest = r;
+    }
+    Some((name.trim().to_string(), Value::Object(args).to_string()))
+}
+
+/// `<｜tool▁call▁begin｜>function<｜tool▁sep｜>name\n```json\n{…}\n```<｜tool▁call▁end｜>`, repeated.
+fn parse_deepseek(body: &str) -> Option<Vec<(String, String)>> {
+    let mut calls = Vec::new();
+    for part in body.split("<｜tool▁call▁begin｜>").skip(1) {
+        let part = part.split("<｜tool▁call▁end｜>").next()?;
+        let (_, rest) = part.split_once("<｜tool▁sep｜>")?;
+        let (name, rest) = rest.split_once('\n')?;
+        let json = rest.trim().trim_start_matches("```json").trim_end_matches("```").trim();
+        let args: Value = serde_json::from_str(json).ok()?;
+        if !args.is_object() {
+            return None;
+        }
+        calls.push((name.trim().to_string(), args.to_string()));
+    }
+    Some(calls)
+}
+
+#[cfg(test)]
+mod tests;
