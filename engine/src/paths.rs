@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 /// The id `perch run` / `perch serve` use when no model is named.
-pub const DEFAULT_MODEL_ID: &str = "gemma-3-270m";
+pub const DEFAULT_MODEL_ID: &str = "qwen2.5-coder-0.5b-instruct";
 
 /// The port the API listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 7342;

@@ -126,6 +126,11 @@ pub struct CallSplitter {
 }
 
 impl CallSplitter {
+    /// The format this splitter reads.
+    pub fn format(&self) -> ToolFormat {
+        self.format
+    }
+
     /// `forced`: the start of the answer that the prompt already holds (it opens a call).
     pub fn new(format: ToolFormat, tool_names: Vec<String>, forced: Option<&str>) -> Self {
         let id_seed = std::time::SystemTime::now()
@@ -241,7 +246,7 @@ impl CallSplitter {
             } else if !end {
                 return;
             } else if let Some((name, arguments)) = parse_call_object(start.trim_end()) {
-                if self.tool_names.iter().any(|n| *n == name) {
+                if self.tool_names.contains(&name) {
                     self.held.clear();
                     let id = self.next_id();
                     out.push(Piece::Call(ToolCall { id, name, arguments }));

@@ -197,12 +197,11 @@ impl Arrival {
                 Err(_) => return Err(EngineError::PrepareDeadline(PREPARE_DEADLINE.as_secs())),
             };
             // One call at most: the answer ends where the first call does.
-            if let (false, Some((_, format))) = (parallel, &r.2) {
-                stop.extend(format.call_end().map(String::from));
+            if let (false, Some(s)) = (parallel, &r.2) {
+                stop.extend(s.format().call_end().map(String::from));
             }
             r
         };
-        let splitter = splitter.map(|(s, _)| s);
         // The one clamp: what was asked, the server's cap, and the room the (possibly capped)
         // context leaves after the prompt.
         let cap = engine.config.max_tokens_cap.unwrap_or(usize::MAX);
@@ -258,12 +257,12 @@ struct ChatSetup {
 }
 
 /// The prompt's token ids, checked against the model's vocabulary and context; with tools
-/// offered, the splitter that reads calls out of the answer (and the model's call format).
+/// offered, the splitter that reads calls out of the answer.
 fn prompt_tokens(
     info: &ModelInfo,
     prompt: Prompt,
     chat: ChatSetup,
-) -> Result<(Vec<u32>, Option<(CallSplitter, crate::chat::ToolFormat)>)> {
+) -> Result<(Vec<u32>, Option<CallSplitter>)> {
     let tok = &info.tokenizer;
     let mut splitter = None;
     let mut ids = match prompt {
@@ -296,7 +295,7 @@ fn prompt_tokens(
             };
             if offered {
                 let names = chat.tools.iter().map(|t| t.name.clone()).collect();
-                splitter = Some((CallSplitter::new(format, names, forced.as_deref()), format));
+                splitter = Some(CallSplitter::new(format, names, forced.as_deref()));
             }
             tok.encode_chat_with(&m, &options, forced.as_deref().unwrap_or(""))?
         }

@@ -1,0 +1,227 @@
+//! Tool calls end to end on the default model, Qwen2.5-Coder-0.5B-Instruct imported from its
+//! real GGUF (scripts/fetch-qwen-gguf) and served on loopback: the tools reach the prompt,
+//! the model's `<tool_call>` markup comes back as `tool_calls` (streamed too, never as
+//! content), and `tool_choice` is honoured. Greedy, so each answer is the model's own.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::*;
+use perch_engine::gguf::import::{import, ImportOptions, Quantize, StoreDtype};
+use perch_engine::server::{ServeConfig, Server};
+use serde_json::{json, Value};
+
+const ID: &str = "qwen2.5-coder-0.5b-instruct";
+
+fn qwen_gguf() -> Option<PathBuf> {
+    let gguf = std::env::var_os("PERCH_QWEN_GGUF").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../.deps/qwen/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+    });
+    if gguf.exists() {
+        return Some(gguf);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI must fetch the Qwen GGUF (scripts/fetch-qwen-gguf)"
+    );
+    eprintln!("SKIPPED: Qwen GGUF missing (run scripts/fetch-qwen-gguf)");
+    None
+}
+
+fn weather_tools() -> Value {
+    json!([
+        {"type": "function", "function": {
+            "name": "get_weather",
+            "description": "Get the current weather in a city",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string", "description": "The city name"}
+            }, "required": ["city"]}
+        }},
+        {"type": "function", "function": {
+            "name": "get_time",
+            "description": "Get the current local time in a city",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string"}
+            }, "required": ["city"]}
+        }}
+    ])
+}
+
+fn chat(content: &str, extra: Value) -> Value {
+    let mut body = json!({
+        "model": ID,
+        "messages": [{"role": "user", "content": content}],
+        "temperature": 0,
+        "max_tokens": 60,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+/// The calls of a non-streamed answer, as (name, arguments object).
+fn calls(answer: &Value) -> Vec<(String, Value)> {
+    let Some(list) = answer["choices"][0]["message"]["tool_calls"].as_array() else {
+        return vec![];
+    };
+    list.iter()
+        .map(|c| {
+            assert_eq!(c["type"], "function", "{c}");
+            assert!(c["id"].as_str().is_some_and(|id| !id.is_empty()), "{c}");
+            let args = c["function"]["arguments"].as_str().expect("arguments are a string");
+            let args: Value = serde_json::from_str(args).expect("arguments are JSON");
+            assert!(args.is_object(), "{args}");
+            (c["function"]["name"].as_str().unwrap().to_string(), args)
+        })
+        .collect()
+}
+
+/// A streamed answer: every content delta, and the calls put together from their deltas.
+async fn stream(server: &Server, body: Value) -> (Vec<String>, Vec<(String, String)>, String) {
+    let mut body = body;
+    body["stream"] = json!(true);
+    let text = client()
+        .post(format!("{}/v1/chat/completions", server.url()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let (mut content, mut calls, mut finish) =
+        (vec![], Vec::<(String, String)>::new(), String::new());
+    for line in text.lines() {
+        let Some(data) = line.strip_prefix("data: ") else { continue };
+        if data == "[DONE]" {
+            break;
+        }
+        let chunk: Value = serde_json::from_str(data).unwrap();
+        let choice = &chunk["choices"][0];
+        if let Some(c) = choice["delta"]["content"].as_str() {
+            content.push(c.to_string());
+        }
+        for d in choice["delta"]["tool_calls"].as_array().into_iter().flatten() {
+            let i = d["index"].as_u64().expect("each tool_calls delta has an index") as usize;
+            if i == calls.len() {
+                // A call's first delta carries its id and name.
+                assert!(d["id"].as_str().is_some(), "first delta of call {i} has no id: {d}");
+                calls.push((d["function"]["name"].as_str().unwrap().to_string(), String::new()));
+            }
+            if let Some(a) = d["function"]["arguments"].as_str() {
+                calls[i].1.push_str(a);
+            }
+        }
+        if let Some(f) = choice["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+    }
+    (content, calls, finish)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn qwen_calls_tools_as_asked() {
+    let Some(gguf) = qwen_gguf() else { return };
+    let models = tempfile::tempdir().unwrap();
+    let opts = ImportOptions {
+        name: Some(ID.into()),
+        quantize: Quantize::None,
+        dtype: StoreDtype::F32,
+        overwrite: true,
+    };
+    let g = gguf.clone();
+    let dir = models.path().to_path_buf();
+    tokio::task::spawn_blocking(move || import(&g, &dir, &opts).unwrap()).await.unwrap();
+    let server = serve(engine_config(models.path(), ID), ServeConfig::default()).await;
+    let url = "/v1/chat/completions";
+    let ask = "What is the weather like in Paris right now?";
+
+    // The tools reach the prompt: the template lists them (a few hundred tokens).
+    let (s, plain) = post(&server, url, chat(ask, json!({"max_tokens": 1}))).await;
+    assert_eq!(s, 200, "{plain}");
+    let (s, with) =
+        post(&server, url, chat(ask, json!({"max_tokens": 1, "tools": weather_tools()}))).await;
+    assert_eq!(s, 200, "{with}");
+    let (p0, p1) = (
+        plain["usage"]["prompt_tokens"].as_u64().unwrap(),
+        with["usage"]["prompt_tokens"].as_u64().unwrap(),
+    );
+    assert!(p1 > p0 + 100, "tools not rendered: {p0} prompt tokens without, {p1} with");
+
+    // auto: the model calls the weather tool; no markup in content.
+    let (s, a) = post(&server, url, chat(ask, json!({"tools": weather_tools()}))).await;
+    assert_eq!(s, 200, "{a}");
+    let msg = &a["choices"][0]["message"];
+    eprintln!("auto: {a}");
+    assert_eq!(a["choices"][0]["finish_reason"], "tool_calls", "{a}");
+    let got = calls(&a);
+    assert_eq!(got.len(), 1, "{a}");
+    assert_eq!(got[0].0, "get_weather");
+    assert!(got[0].1["city"].as_str().is_some_and(|c| c.contains("Paris")), "{a}");
+    assert!(!msg["content"].as_str().unwrap_or("").contains("<tool_call>"), "{a}");
+
+    // The same streamed: a head delta (index, id, name), then arguments; content never
+    // carries the markup.
+    let (content, streamed, finish) =
+        stream(&server, chat(ask, json!({"tools": weather_tools()}))).await;
+    assert_eq!(finish, "tool_calls");
+    assert!(content.iter().all(|c| !c.contains("<tool") && !c.contains("</tool")), "{content:?}");
+    assert_eq!(streamed.len(), 1, "{streamed:?}");
+    assert_eq!(streamed[0].0, "get_weather");
+    let args: Value = serde_json::from_str(&streamed[0].1).unwrap();
+    assert_eq!(args, got[0].1, "streamed arguments differ from the non-streamed ones");
+
+    // none: the tools are not shown and nothing is read as a call.
+    let (s, n) =
+        post(&server, url, chat(ask, json!({"tools": weather_tools(), "tool_choice": "none"})))
+            .await;
+    assert_eq!(s, 200, "{n}");
+    assert!(n["choices"][0]["message"].get("tool_calls").is_none_or(|t| t.is_null()), "{n}");
+    assert_ne!(n["choices"][0]["finish_reason"], "tool_calls", "{n}");
+    assert_eq!(n["usage"]["prompt_tokens"], plain["usage"]["prompt_tokens"], "{n}");
+
+    // required on a question no tool answers: still a call to an offered tool.
+    let hi = "Say hello to me in French.";
+    let (s, r) =
+        post(&server, url, chat(hi, json!({"tools": weather_tools(), "tool_choice": "required"})))
+            .await;
+    assert_eq!(s, 200, "{r}");
+    eprintln!("required: {r}");
+    let got = calls(&r);
+    assert!(!got.is_empty(), "required gave no call: {r}");
+    assert!(got.iter().all(|(n, _)| n == "get_weather" || n == "get_time"), "{r}");
+
+    // A named function: that one, even when the question asks about the weather.
+    let named = json!({"type": "function", "function": {"name": "get_time"}});
+    let (s, t) =
+        post(&server, url, chat(ask, json!({"tools": weather_tools(), "tool_choice": named})))
+            .await;
+    assert_eq!(s, 200, "{t}");
+    let got = calls(&t);
+    assert_eq!(got.first().map(|c| c.0.as_str()), Some("get_time"), "{t}");
+
+    // A tool result in the history: the model answers from it, in content.
+    let history = json!({"model": ID, "temperature": 0, "max_tokens": 40, "tools": weather_tools(), "messages": [
+        {"role": "user", "content": ask},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature_c\": 31, \"sky\": \"sunny\"}"}
+    ]});
+    let (s, h) = post(&server, url, history).await;
+    assert_eq!(s, 200, "{h}");
+    eprintln!("after tool result: {h}");
+    let text = h["choices"][0]["message"]["content"].as_str().unwrap_or("");
+    assert!(text.contains("31") || text.to_lowercase().contains("sunny"), "{h}");
+
+    // A malformed tool is a 400 naming the field, in OpenAI's error shape.
+    let bad = json!([{"type": "function", "function": {"name": "bad name!", "parameters": {"type": "object"}}}]);
+    let (s, e) = post(&server, url, chat(ask, json!({"tools": bad}))).await;
+    assert_eq!(s, 400, "{e}");
+    assert_eq!(e["error"]["param"], "tools[0].function.name", "{e}");
+    let (s, e) = post(&server, url, chat(ask, json!({"tools": weather_tools(), "tool_choice": {"type": "function", "function": {"name": "nope"}}}))).await;
+    assert_eq!(s, 400, "{e}");
+    assert_eq!(e["error"]["param"], "tool_choice", "{e}");
+}
