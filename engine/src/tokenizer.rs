@@ -83,6 +83,11 @@ impl Tokenizer {
         self.inner.decode(ids, true).map_err(|e| EngineError::Tokenizer(e.to_string()))
     }
 
+    /// The tokenizer as `tokenizer.json` text (what grammar engines read the vocabulary from).
+    pub fn to_json(&self) -> Result<String> {
+        self.inner.to_string(false).map_err(|e| EngineError::Tokenizer(e.to_string()))
+    }
+
     pub fn is_eos(&self, id: u32) -> bool {
         self.eos_ids.contains(&id)
     }

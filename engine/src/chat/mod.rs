@@ -6,4 +6,4 @@ pub mod template;
 pub mod tools;
 
 pub use template::{ChatMessage, ChatOptions, ChatTemplate};
-pub use tools::{CallSplitter, Piece, Tool, ToolCall, ToolChoice, ToolFormat};
+pub use tools::{call_schema, CallSplitter, Piece, Tool, ToolCall, ToolChoice, ToolFormat};

@@ -83,13 +83,11 @@ impl ToolFormat {
     }
 
     /// What the model's answer starts with when a call is forced (`tool_choice` `required`
-    /// or named); `None` where Perch cannot force this format.
-    pub fn forced_prefix(self, name: Option<&str>) -> Option<String> {
-        match (self, name) {
-            (ToolFormat::TaggedCall, None) => Some("<tool_call>\n{\"name\": \"".into()),
-            (ToolFormat::TaggedCall, Some(n)) => {
-                Some(format!("<tool_call>\n{{\"name\": {}, \"arguments\": ", Value::from(n)))
-            }
+    /// or named): the markup that opens a call, after which the model writes the call object
+    /// that `call_schema` describes. `None` where Perch cannot force this format.
+    pub fn forced_prefix(self) -> Option<&'static str> {
+        match self {
+            ToolFormat::TaggedCall => Some("<tool_call>\n"),
             _ => None,
         }
     }
@@ -100,6 +98,32 @@ impl ToolFormat {
             ToolFormat::TaggedCall => Some("</tool_call>"),
             _ => None,
         }
+    }
+}
+
+/// The JSON schema of one call object `{"name": …, "arguments": …}` to one of `tools` (or
+/// only to `only`), its arguments held to that tool's `parameters`: what a forced call is
+/// decoded against.
+pub fn call_schema(tools: &[Tool], only: Option<&str>) -> Value {
+    let each: Vec<Value> = tools
+        .iter()
+        .filter(|t| only.is_none_or(|n| n == t.name))
+        .map(|t| {
+            let params = match t.definition.pointer("/function/parameters") {
+                Some(p @ Value::Object(_)) => p.clone(),
+                _ => serde_json::json!({"type": "object"}),
+            };
+            serde_json::json!({
+                "type": "object",
+                "properties": {"name": {"const": t.name}, "arguments": params},
+                "required": ["name", "arguments"],
+                "additionalProperties": false
+            })
+        })
+        .collect();
+    match <[Value; 1]>::try_from(each) {
+        Ok([one]) => one,
+        Err(each) => serde_json::json!({"anyOf": each}),
     }
 }
 
@@ -120,8 +144,10 @@ pub struct CallSplitter {
     calls: usize,
     /// A prefix of the answer the prompt already wrote (a forced call's start).
     id_seed: u64,
-    /// The generic format decides at the end: the whole answer, if it may be a call.
-    generic_hold: bool,
+    /// An answer that opens with a bare JSON object (or a ```json fence) is held to its end:
+    /// small models often drop their template's markup and write just the call, and the
+    /// generic format has no markup at all. Decided once, at the end.
+    bare_hold: bool,
     tool_names: Vec<String>,
 }
 
@@ -143,7 +169,7 @@ impl CallSplitter {
             in_call: false,
             calls: 0,
             id_seed,
-            generic_hold: format == ToolFormat::Generic,
+            bare_hold: true,
             tool_names,
         };
         if let Some(f) = forced {
@@ -176,8 +202,12 @@ impl CallSplitter {
     }
 
     fn drain(&mut self, out: &mut Vec<Piece>, end: bool) {
+        if self.bare_hold && self.hold_bare(out, end) {
+            return;
+        }
         let Some((open, close)) = self.format.markers() else {
-            return self.drain_generic(out, end);
+            let text = std::mem::take(&mut self.held);
+            return push_content(out, &text, false);
         };
         loop {
             if !self.in_call {
@@ -235,28 +265,51 @@ impl CallSplitter {
         }
     }
 
-    fn drain_generic(&mut self, out: &mut Vec<Piece>, end: bool) {
-        if self.generic_hold {
-            let start = self.held.trim_start();
-            if start.is_empty() && !end {
-                return;
-            }
-            if !start.starts_with('{') {
-                self.generic_hold = false;
-            } else if !end {
-                return;
-            } else if let Some((name, arguments)) = parse_call_object(start.trim_end()) {
-                if self.tool_names.contains(&name) {
-                    self.held.clear();
-                    let id = self.next_id();
-                    out.push(Piece::Call(ToolCall { id, name, arguments }));
-                    return;
-                }
-            }
+    /// While the answer may be a bare call: `true` when the text is held (or became calls).
+    fn hold_bare(&mut self, out: &mut Vec<Piece>, end: bool) -> bool {
+        let start = self.held.trim_start();
+        if start.is_empty() && !end {
+            return true;
         }
-        let text = std::mem::take(&mut self.held);
-        push_content(out, &text, false);
+        let could = start.starts_with('{') || start.starts_with(FENCE) || FENCE.starts_with(start);
+        if !could {
+            self.bare_hold = false;
+            return false;
+        }
+        if !end {
+            return true;
+        }
+        self.bare_hold = false;
+        let body = start.trim_end();
+        let body = match body.strip_prefix(FENCE) {
+            Some(b) => match b.strip_suffix("```") {
+                Some(b) => b,
+                None => return false,
+            },
+            None => body,
+        };
+        let Some(calls) = bare_calls(body) else { return false };
+        if calls.is_empty() || !calls.iter().all(|(n, _)| self.tool_names.contains(n)) {
+            return false;
+        }
+        self.held.clear();
+        for (name, arguments) in calls {
+            let id = self.next_id();
+            out.push(Piece::Call(ToolCall { id, name, arguments }));
+        }
+        true
     }
+}
+
+const FENCE: &str = "```json";
+
+/// One or more call objects one after another (whitespace between), and nothing else.
+fn bare_calls(body: &str) -> Option<Vec<(String, String)>> {
+    let mut calls = Vec::new();
+    for v in serde_json::Deserializer::from_str(body).into_iter::<Value>() {
+        calls.push(call_of_value(&v.ok()?)?);
+    }
+    Some(calls)
 }
 
 /// Text between or after calls that is only whitespace is layout, not content.

@@ -33,6 +33,8 @@ pub struct GenerateParams {
     pub logprobs: Option<usize>,
     /// Constrain the output to one JSON object (ends when the object is complete).
     pub json_mode: bool,
+    /// Constrain the output to a grammar (ends when it is complete); wins over `json_mode`.
+    pub constraint: Option<super::constraint::Constraint>,
     /// A LoRA adapter to apply (the engine loads it on the MLX thread).
     pub adapter: Option<AdapterRef>,
 }
@@ -55,6 +57,7 @@ impl Default for GenerateParams {
             draft: DraftMode::None,
             logprobs: None,
             json_mode: false,
+            constraint: None,
             adapter: None,
         }
     }

@@ -78,7 +78,7 @@ pub fn generate(
 
 /// `generate`, with each piece's tokens' logprobs (when asked for) passed along.
 ///
-/// Dispatch: logprobs and JSON mode need the host to see every step (`guided`); otherwise
+/// Dispatch: logprobs, JSON mode and grammars need the host to see every step (`guided`); otherwise
 /// speculative decoding when a draft source is set, else plain pipelined decoding.
 pub fn generate_streaming(
     model: &LoadedModel,
@@ -88,7 +88,7 @@ pub fn generate_streaming(
     mut on_piece: impl FnMut(&str, &[TokenLogprob]),
 ) -> Result<Generation> {
     let req = Request { model, prompt, params, cancel };
-    if params.logprobs.is_some() || params.json_mode {
+    if params.logprobs.is_some() || params.json_mode || params.constraint.is_some() {
         return super::guided::generate(req, &mut on_piece);
     }
     match params.draft {

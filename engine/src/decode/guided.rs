@@ -1,6 +1,6 @@
-//! Decoding where the host looks at every step: per-token logprobs, and JSON mode, which
-//! only lets through tokens that keep the output a valid start of one JSON object and ends
-//! the generation when the object is complete. No pipelining here: each step's choice needs
+//! Decoding where the host looks at every step: per-token logprobs; JSON mode, which only
+//! lets through tokens that keep the output a valid start of one JSON object; and grammars
+//! (`constraint`: tool calls, JSON schemas). Both end the generation when complete. No pipelining here: each step's choice needs
 //! the host.
 
 use mlx_rs::ops::indexing::IndexOp;
@@ -14,8 +14,8 @@ use super::json_prefix::JsonPrefix;
 use crate::error::{EngineError, Result};
 use crate::model::LoadedModel;
 
-/// Candidates checked against the JSON grammar before falling back to the whole vocabulary.
-const JSON_CANDIDATES: usize = 64;
+/// Candidates checked against the constraint before the rest of the vocabulary is sorted.
+const CANDIDATES: usize = 64;
 
 pub(crate) fn generate(
     req: Request<'_>,
@@ -26,8 +26,10 @@ pub(crate) fn generate(
     if !prefill(model, &prompt[..prompt.len() - 1], params.prefill_chunk, &mut caches, cancel)? {
         return Ok(cancelled_early(prompt.len(), start));
     }
-    let mut json = params.json_mode.then(JsonPrefix::new);
-    let texts = if params.json_mode { Some(model.token_texts()?) } else { None };
+    let mut grammar = params.constraint.clone();
+    let json_mode = params.json_mode && grammar.is_none();
+    let mut json = json_mode.then(JsonPrefix::new);
+    let texts = if json_mode { Some(model.token_texts()?) } else { None };
     let mut rng = HostRng::new(
         params
             .sampling
@@ -41,8 +43,35 @@ pub(crate) fn generate(
             .forward(&token_array(&[input]), &mut caches)?
             .index((.., -1, ..))
             .as_dtype(mlx_rs::Dtype::Float32)?;
-        let id = match (&json, &texts) {
-            (Some(j), Some(texts)) => {
+        let id = match (&mut grammar, &json, &texts) {
+            (Some(g), _, _) => {
+                let allowed = g.allowed().map_err(grammar_failed)?;
+                let scores = sampler.penalised(&logits, None)?;
+                let scores =
+                    if sampler.is_greedy() { scores } else { sampler.filtered(&scores)? };
+                scores.eval()?;
+                let id = choose(
+                    scores.as_slice::<f32>(),
+                    |id| allowed.contains(id),
+                    sampler.is_greedy(),
+                    &mut rng,
+                )
+                .or_else(|| {
+                    // The filters left nothing the grammar allows: the best allowed logit.
+                    logits.eval().ok()?;
+                    let raw = logits.as_slice::<f32>();
+                    (0..raw.len() as u32)
+                        .filter(|&i| allowed.contains(i))
+                        .max_by(|a, b| raw[*a as usize].total_cmp(&raw[*b as usize]))
+                })
+                .ok_or_else(|| grammar_failed("no token of this vocabulary continues it".into()))?;
+                if !model.tokenizer.is_eos(id) {
+                    g.consume(id).map_err(grammar_failed)?;
+                }
+                sampler.observe_ids(&[id])?;
+                id
+            }
+            (None, Some(j), Some(texts)) => {
                 let scores = sampler.penalised(&logits, None)?;
                 let scores =
                     if sampler.is_greedy() { scores } else { sampler.filtered(&scores)? };
@@ -75,7 +104,9 @@ pub(crate) fn generate(
         if !going {
             break;
         }
-        if json.as_ref().is_some_and(|j| j.complete()) {
+        if json.as_ref().is_some_and(|j| j.complete())
+            || grammar.as_ref().is_some_and(|g| g.is_done())
+        {
             out.stop();
             break;
         }
@@ -109,7 +140,7 @@ fn token_logprob(model: &LoadedModel, logits: &[f32], id: u32, top: usize) -> Re
     })
 }
 
-/// The best (greedy) or a sampled token among those the JSON grammar allows next. `scores`
+/// The best (greedy) or a sampled token among those the JSON checker allows next. `scores`
 /// are the logits plain sampling would draw from (-inf where filtered out).
 fn choose_json(
     scores: &[f32],
@@ -127,11 +158,30 @@ fn choose_json(
         let mut j = json.clone();
         j.push_str(t)
     };
+    if let Some(id) = choose(scores, allowed, greedy, rng) {
+        return Ok(id);
+    }
+    // The filters left nothing the checker allows: fall back to the whole vocabulary.
+    (0..scores.len() as u32).find(|&i| allowed(i)).ok_or_else(|| {
+        EngineError::InvalidRequest(
+            "JSON mode: no token of this vocabulary can continue the JSON".into(),
+        )
+    })
+}
+
+/// The best (greedy) or a sampled token among the finite `scores` that `allowed` lets
+/// through; `None` when it lets none through.
+fn choose(
+    scores: &[f32],
+    allowed: impl Fn(u32) -> bool,
+    greedy: bool,
+    rng: &mut HostRng,
+) -> Option<u32> {
     let mut order: Vec<u32> =
         (0..scores.len() as u32).filter(|&i| scores[i as usize].is_finite()).collect();
     let by_score = |a: &u32, b: &u32| scores[*b as usize].total_cmp(&scores[*a as usize]);
     // The few best usually include an allowed token; sort everything only when they do not.
-    let k = JSON_CANDIDATES.min(order.len());
+    let k = CANDIDATES.min(order.len());
     if k > 0 {
         order.select_nth_unstable_by(k - 1, by_score);
     }
@@ -157,21 +207,15 @@ fn choose_json(
         ok.last().copied()
     };
     if let Some(id) = pick(head) {
-        return Ok(id);
+        return Some(id);
     }
     let mut rest = tail.to_vec();
     rest.sort_by(by_score);
-    if let Some(id) = pick(&rest) {
-        return Ok(id);
-    }
-    // The filters left nothing the grammar allows: fall back to the whole vocabulary.
-    let mut all: Vec<u32> = (0..scores.len() as u32).collect();
-    all.retain(|&i| allowed(i));
-    all.first().copied().ok_or_else(|| {
-        EngineError::InvalidRequest(
-            "JSON mode: no token of this vocabulary can continue the JSON".into(),
-        )
-    })
+    pick(&rest)
+}
+
+fn grammar_failed(e: String) -> EngineError {
+    EngineError::Internal(format!("constrained decoding failed: {e}"))
 }
 
 /// splitmix64: the host-side random stream for JSON mode's restricted sampling.

@@ -4,6 +4,7 @@
 //! The KV cache is the model's state and lives in `model::kv_cache`.
 
 pub mod common;
+pub mod constraint;
 pub mod generate;
 pub mod guided;
 pub mod json_prefix;

@@ -15,6 +15,7 @@ use super::observe::{LastTurn, TurnObserver};
 use super::warmup::{warm_at_load, WarmupOutcome};
 use super::worker::{MlxThread, WorkerWork};
 use super::{Foreground, Gate, Lease, Leases};
+use crate::decode::constraint::Grammars;
 use crate::decode::{AdapterRef, DraftMode};
 use crate::error::{EngineError, Result};
 use crate::model::{load_model_as, LoadedModel, ModelConfig};
@@ -113,6 +114,8 @@ pub struct ModelInfo {
     /// Where its turns' draft tokens come from unless a turn says otherwise (resolved from
     /// `EngineConfig::draft` when it loaded; none before).
     pub draft: DraftMode,
+    /// Its vocabulary compiled for constrained decoding, on first use.
+    pub grammars: Arc<Grammars>,
 }
 
 impl ModelInfo {
@@ -525,6 +528,7 @@ pub(crate) fn info_of(model: &LoadedModel) -> ModelInfo {
         tokenizer: model.tokenizer.clone(),
         adapter: None,
         draft: DraftMode::None,
+        grammars: Arc::default(),
     }
 }
 
@@ -542,6 +546,7 @@ fn probe(dir: &Path, id: &str) -> Result<ModelInfo> {
         tokenizer,
         adapter: None,
         draft: DraftMode::None,
+        grammars: Arc::default(),
     })
 }
 

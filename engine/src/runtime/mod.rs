@@ -11,6 +11,7 @@ pub mod ladder;
 pub mod lease;
 pub mod model_ref;
 pub mod observe;
+mod prepare;
 pub mod turn;
 pub mod warmup;
 pub mod worker;

@@ -13,8 +13,9 @@ use tokio::sync::mpsc;
 use super::engine::{Engine, ModelInfo};
 use super::model_ref::ModelRef;
 use super::observe::LastTurn;
+use super::prepare::{prepare, Asked, Prepared};
 use super::{GateError, GatePermit, Lease, Policy, UserRequest};
-use crate::chat::{CallSplitter, ChatMessage, ChatOptions, Piece, Tool, ToolCall, ToolChoice};
+use crate::chat::{CallSplitter, ChatMessage, Piece, Tool, ToolCall, ToolChoice};
 use crate::decode::sampler::SamplingParams;
 use crate::decode::{
     context_room, generate_streaming, DraftMode, FinishReason, GenerateParams, Generation,
@@ -44,12 +45,14 @@ pub enum DraftChoice {
 }
 
 /// The shape of the output.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub enum ResponseFormat {
     #[default]
     Text,
     /// One JSON object (generation ends when it is complete).
     JsonObject,
+    /// JSON valid against this schema, enforced by constrained decoding.
+    JsonSchema(serde_json::Value),
 }
 
 /// One request, parsed: everything the runtime needs and nothing about its wire format.
@@ -178,18 +181,20 @@ impl Arrival {
     ) -> Result<TurnHandle> {
         let Arrival { engine, mut user, at } = self;
         let mut stop = turn.stop;
-        let (info, prompt, splitter) = {
-            let (engine, model, prompt) = (engine.clone(), turn.model.clone(), turn.prompt);
-            let chat = ChatSetup {
+        let (info, Prepared { ids: prompt, splitter, constraint }) = {
+            let (engine, model) = (engine.clone(), turn.model.clone());
+            let asked = Asked {
+                prompt: turn.prompt,
                 tools: turn.tools,
                 choice: turn.tool_choice,
                 kwargs: turn.template_kwargs,
+                format: turn.response_format.clone(),
             };
             let parallel = turn.parallel_tool_calls;
             let work = tokio::task::spawn_blocking(move || {
                 let info = engine.resolve(&model)?;
-                let (ids, splitter) = prompt_tokens(&info, prompt, chat)?;
-                Ok::<_, EngineError>((info, ids, splitter))
+                let prepared = prepare(&info, asked)?;
+                Ok::<_, EngineError>((info, prepared))
             });
             let r = match tokio::time::timeout(PREPARE_DEADLINE, work).await {
                 Ok(Ok(r)) => r?,
@@ -197,7 +202,7 @@ impl Arrival {
                 Err(_) => return Err(EngineError::PrepareDeadline(PREPARE_DEADLINE.as_secs())),
             };
             // One call at most: the answer ends where the first call does.
-            if let (false, Some(s)) = (parallel, &r.2) {
+            if let (false, Some(s)) = (parallel, &r.1.splitter) {
                 stop.extend(s.format().call_end().map(String::from));
             }
             r
@@ -213,6 +218,7 @@ impl Arrival {
             ignore_eos: turn.ignore_eos,
             logprobs: turn.logprobs,
             json_mode: turn.response_format == ResponseFormat::JsonObject,
+            constraint,
             adapter: info.adapter.clone(),
             ..Default::default()
         };
@@ -247,71 +253,6 @@ impl Arrival {
         tokio::task::spawn_blocking(move || running.run(tx));
         Ok(handle)
     }
-}
-
-/// A chat prompt's tools and template arguments.
-struct ChatSetup {
-    tools: Vec<Tool>,
-    choice: ToolChoice,
-    kwargs: serde_json::Map<String, serde_json::Value>,
-}
-
-/// The prompt's token ids, checked against the model's vocabulary and context; with tools
-/// offered, the splitter that reads calls out of the answer.
-fn prompt_tokens(
-    info: &ModelInfo,
-    prompt: Prompt,
-    chat: ChatSetup,
-) -> Result<(Vec<u32>, Option<CallSplitter>)> {
-    let tok = &info.tokenizer;
-    let mut splitter = None;
-    let mut ids = match prompt {
-        Prompt::Messages(m) => {
-            let format = tok.tool_format();
-            let offered = !chat.tools.is_empty() && chat.choice != ToolChoice::None;
-            // A forced call starts in the prompt: the model continues its opening.
-            let forced = match &chat.choice {
-                ToolChoice::Required | ToolChoice::Named(_) if offered => {
-                    let name = match &chat.choice {
-                        ToolChoice::Named(n) => Some(n.as_str()),
-                        _ => None,
-                    };
-                    Some(format.forced_prefix(name).ok_or_else(|| EngineError::BadField {
-                        field: "tool_choice",
-                        msg: format!(
-                            "`tool_choice` that forces a call is not supported for this model's tool-call format ({format:?}); use \"auto\""
-                        ),
-                    })?)
-                }
-                _ => None,
-            };
-            let options = ChatOptions {
-                tools: if offered {
-                    chat.tools.iter().map(|t| t.definition.clone()).collect()
-                } else {
-                    vec![]
-                },
-                kwargs: chat.kwargs,
-            };
-            if offered {
-                let names = chat.tools.iter().map(|t| t.name.clone()).collect();
-                splitter = Some(CallSplitter::new(format, names, forced.as_deref()));
-            }
-            tok.encode_chat_with(&m, &options, forced.as_deref().unwrap_or(""))?
-        }
-        Prompt::Text(t) => tok.encode(&t, true)?,
-        Prompt::Tokens(ids) => {
-            if let Some(&token) = ids.iter().find(|&&t| t as usize >= info.vocab_size) {
-                return Err(EngineError::TokenOutOfVocabulary { token, vocab: info.vocab_size });
-            }
-            ids
-        }
-    };
-    if ids.is_empty() {
-        ids.extend(tok.start_token());
-    }
-    context_room(ids.len(), info.context_length)?;
-    Ok((ids, splitter))
 }
 
 /// A started turn: its events, and its cancellation (dropping the handle cancels it; the

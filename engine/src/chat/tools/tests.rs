@@ -42,11 +42,36 @@ fn all_splits(format: ToolFormat, text: &str) -> (String, Vec<(String, String)>)
 
 #[test]
 fn tagged_json_calls_never_reach_content() {
-    // Qwen2.5-Coder-0.5B-Instruct's answer to a weather question with one tool (greedy).
+    // The markup Qwen 2.5's template teaches (as its template shows it to the model).
     let text = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
     let (content, calls) = all_splits(ToolFormat::TaggedCall, text);
     assert_eq!(content, "");
     assert_eq!(calls, vec![("get_weather".into(), r#"{"city":"Paris"}"#.into())]);
+}
+
+#[test]
+fn a_bare_call_without_the_templates_markup_is_a_call() {
+    // Qwen2.5-Coder-0.5B-Instruct's real greedy answer (perch serve, temperature 0) to "What
+    // is the weather like in Paris right now?" with get_weather and get_time offered: the
+    // call without its <tool_call> tags.
+    let text = r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#;
+    for format in [ToolFormat::TaggedCall, ToolFormat::Mistral, ToolFormat::Generic] {
+        let (content, calls) = all_splits(format, text);
+        assert_eq!(content, "", "{format:?}");
+        assert_eq!(calls, vec![("get_weather".into(), r#"{"city":"Paris"}"#.into())]);
+    }
+    // In a json fence, and two in a row.
+    let fenced = "```json\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n```";
+    assert_eq!(all_splits(ToolFormat::TaggedCall, fenced).1.len(), 1);
+    let two =
+        "{\"name\": \"add\", \"arguments\": {}}\n{\"name\": \"add\", \"arguments\": {\"a\": 2}}";
+    assert_eq!(all_splits(ToolFormat::TaggedCall, two).1.len(), 2);
+    // JSON that is no call to an offered tool stays content, whole.
+    for text in
+        [r#"{"name": "Ann", "age": 3}"#, "```json\n{\"a\": 1}\n```", "{\"name\": \"add\"} and more"]
+    {
+        assert_eq!(all_splits(ToolFormat::TaggedCall, text), (text.to_string(), vec![]));
+    }
 }
 
 #[test]
@@ -104,15 +129,31 @@ fn mistral_python_tag_deepseek_and_generic() {
 }
 
 #[test]
-fn a_forced_named_call_completes_without_its_closing_brace() {
-    let forced = ToolFormat::TaggedCall.forced_prefix(Some("add")).unwrap();
-    let mut s = CallSplitter::new(ToolFormat::TaggedCall, vec!["add".into()], Some(&forced));
-    let mut out = s.push("{\"a\": 2}");
+fn a_forced_call_is_read_from_the_prefix_and_the_object() {
+    let forced = ToolFormat::TaggedCall.forced_prefix().unwrap();
+    let mut s = CallSplitter::new(ToolFormat::TaggedCall, vec!["add".into()], Some(forced));
+    let mut out = s.push(r#"{"name": "add", "arguments": {"a": 2}}"#);
     out.extend(s.finish());
     assert!(
         matches!(&out[..], [Piece::Call(c)] if c.name == "add" && c.arguments == r#"{"a":2}"#),
         "{out:?}"
     );
+}
+
+#[test]
+fn the_call_schema_names_each_tool_and_its_parameters() {
+    let tool = |name: &str, params: Value| Tool {
+        name: name.into(),
+        definition: serde_json::json!({"type": "function", "function": {"name": name, "parameters": params}}),
+    };
+    let p = serde_json::json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    let tools = [tool("add", p.clone()), tool("now", Value::Null)];
+    let one = call_schema(&tools, Some("add"));
+    assert_eq!(one["properties"]["name"]["const"], "add");
+    assert_eq!(one["properties"]["arguments"], p);
+    let any = call_schema(&tools, None);
+    assert_eq!(any["anyOf"].as_array().map(Vec::len), Some(2));
+    assert_eq!(any["anyOf"][1]["properties"]["arguments"], serde_json::json!({"type": "object"}));
 }
 
 #[test]

@@ -246,11 +246,12 @@ pub fn parse_with(
         Some(Value::Object(o)) => match o.get("type").and_then(|t| t.as_str()) {
             Some("text") => ResponseFormat::Text,
             Some("json_object") => ResponseFormat::JsonObject,
+            Some("json_schema") => json_schema(o.get("json_schema"))?,
             Some(other) => {
                 return Err(ApiError::invalid(
                     "response_format",
                     format!(
-                        "`response_format.type` `{other}` is not supported (text, json_object are)"
+                        "`response_format.type` `{other}` is not supported (text, json_object, json_schema are)"
                     ),
                 )
                 .code("unsupported_value"))
@@ -377,6 +378,55 @@ const REFUSED: &[(&str, &str)] = &[
     ("audio", "audio output is not supported"),
     ("web_search_options", "web search is not supported"),
 ];
+
+/// `response_format.json_schema`: `{"name", "schema"?, "strict"?, "description"?}`. The
+/// schema is always enforced (`strict: false` gets the same guarantee); whether the engine
+/// can enforce it is decided when it is compiled for the model.
+fn json_schema(v: Option<&Value>) -> Result<ResponseFormat, ApiError> {
+    const FIELD: &str = "response_format.json_schema";
+    let Some(Value::Object(o)) = v else {
+        return Err(ApiError::invalid(
+            FIELD,
+            format!("`{FIELD}` must be an object with a `name` and a `schema`"),
+        ));
+    };
+    for (k, v) in o {
+        let ok = match k.as_str() {
+            "name" => v.as_str().is_some_and(|n| {
+                (1..=64).contains(&n.len())
+                    && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            }),
+            "description" => v.is_string(),
+            "strict" => v.is_boolean() || v.is_null(),
+            "schema" => v.is_object() || v.is_boolean(),
+            _ => {
+                return Err(ApiError::invalid(
+                    &format!("{FIELD}.{k}"),
+                    format!("`{FIELD}.{k}` is not a field of `json_schema`"),
+                )
+                .code("unknown_parameter"))
+            }
+        };
+        if !ok {
+            return Err(ApiError::invalid(
+                &format!("{FIELD}.{k}"),
+                format!("`{FIELD}.{k}` is not valid (name: 1-64 of a-z A-Z 0-9 _ -; schema: an object; strict: a boolean)"),
+            ));
+        }
+    }
+    if !o.contains_key("name") {
+        return Err(ApiError::invalid(
+            &format!("{FIELD}.name"),
+            format!("`{FIELD}.name` is required"),
+        )
+        .code("missing_required_parameter"));
+    }
+    let schema = match o.get("schema") {
+        None | Some(Value::Bool(true)) => Value::Object(Map::new()),
+        Some(s) => s.clone(),
+    };
+    Ok(ResponseFormat::JsonSchema(schema))
+}
 
 fn check_fields(endpoint: Endpoint, map: &Map<String, Value>) -> Result<(), ApiError> {
     let own = if endpoint == Endpoint::Chat { CHAT_FIELDS } else { COMPLETION_FIELDS };

@@ -1,0 +1,115 @@
+//! A turn's prompt made ready for its model, off the async threads: messages rendered through
+//! the chat template (with the tools offered and any forced call's opening), checked against
+//! the vocabulary and context; the splitter that reads tool calls back out of the answer; and
+//! the grammar the answer is decoded against (a forced call, a `json_schema`).
+
+use super::engine::ModelInfo;
+use super::turn::{Prompt, ResponseFormat};
+use crate::chat::{call_schema, CallSplitter, ChatOptions, Tool, ToolChoice};
+use crate::decode::constraint::{Constraint, GrammarError};
+use crate::decode::context_room;
+use crate::error::{EngineError, Result};
+
+/// What the turn asked for, as far as the prompt and the output's shape go.
+pub(crate) struct Asked {
+    pub prompt: Prompt,
+    pub tools: Vec<Tool>,
+    pub choice: ToolChoice,
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
+    pub format: ResponseFormat,
+}
+
+pub(crate) struct Prepared {
+    pub ids: Vec<u32>,
+    /// With tools offered: reads the calls out of the answer.
+    pub splitter: Option<CallSplitter>,
+    pub constraint: Option<Constraint>,
+}
+
+pub(crate) fn prepare(info: &ModelInfo, asked: Asked) -> Result<Prepared> {
+    let tok = &info.tokenizer;
+    let Asked { prompt, tools, choice, kwargs, format } = asked;
+    let mut splitter = None;
+    let mut constraint = match &format {
+        ResponseFormat::JsonSchema(schema) => {
+            Some(grammar(info, schema).map_err(|e| EngineError::BadField {
+                field: "response_format.json_schema.schema",
+                msg: format!("`response_format.json_schema.schema`: {e}"),
+            })?)
+        }
+        _ => None,
+    };
+    let mut ids = match prompt {
+        Prompt::Messages(m) => {
+            let call_format = tok.tool_format();
+            let offered = !tools.is_empty() && choice != ToolChoice::None;
+            let only = match &choice {
+                ToolChoice::Named(n) => Some(n.as_str()),
+                _ => None,
+            };
+            // A forced call opens in the prompt; the model writes the call object, decoded
+            // against the schema of a call to an allowed tool with valid arguments.
+            let forced = match &choice {
+                ToolChoice::Required | ToolChoice::Named(_) if offered => {
+                    let prefix = call_format.forced_prefix().ok_or_else(|| EngineError::BadField {
+                        field: "tool_choice",
+                        msg: format!(
+                            "`tool_choice` that forces a call is not supported for this model's tool-call format ({call_format:?}); use \"auto\""
+                        ),
+                    })?;
+                    if constraint.is_some() {
+                        return Err(EngineError::BadField {
+                            field: "response_format",
+                            msg: "`response_format` `json_schema` cannot be combined with a `tool_choice` that forces a call".into(),
+                        });
+                    }
+                    let schema = call_schema(&tools, only);
+                    constraint =
+                        Some(grammar(info, &schema).map_err(|e| EngineError::BadField {
+                            field: "tools",
+                            msg: format!("a tool's `parameters` cannot be enforced: {e}"),
+                        })?);
+                    Some(prefix)
+                }
+                _ => None,
+            };
+            let options = ChatOptions {
+                tools: if offered {
+                    tools.iter().map(|t| t.definition.clone()).collect()
+                } else {
+                    vec![]
+                },
+                kwargs,
+            };
+            if offered {
+                let names = tools.iter().map(|t| t.name.clone()).collect();
+                splitter = Some(CallSplitter::new(call_format, names, forced));
+            }
+            tok.encode_chat_with(&m, &options, forced.unwrap_or(""))?
+        }
+        Prompt::Text(t) => tok.encode(&t, true)?,
+        Prompt::Tokens(ids) => {
+            if let Some(&token) = ids.iter().find(|&&t| t as usize >= info.vocab_size) {
+                return Err(EngineError::TokenOutOfVocabulary { token, vocab: info.vocab_size });
+            }
+            ids
+        }
+    };
+    if ids.is_empty() {
+        ids.extend(tok.start_token());
+    }
+    context_room(ids.len(), info.context_length)?;
+    Ok(Prepared { ids, splitter, constraint })
+}
+
+/// `schema` compiled for the model; a schema the engine cannot enforce is the caller's to
+/// name, a vocabulary it cannot read is the model's fault (500).
+fn grammar(info: &ModelInfo, schema: &serde_json::Value) -> Result<Constraint, String> {
+    match info.grammars.json_schema(&info.tokenizer, info.vocab_size, schema) {
+        Ok(c) => Ok(c),
+        Err(GrammarError::Schema(e)) => Err(e),
+        Err(GrammarError::Vocabulary(e)) => {
+            Err(format!("this model's vocabulary cannot be constrained ({e})"))
+        }
+    }
+}
