@@ -36,6 +36,10 @@ pub enum EngineError {
     #[error("chat template: {0}")]
     Template(String),
 
+    /// The chat template refused the conversation (its `raise_exception`).
+    #[error("the model's chat template refused this conversation: {0}")]
+    TemplateRejected(String),
+
     #[error("invalid request: {0}")]
     InvalidRequest(String),
 

@@ -156,9 +156,11 @@ impl Tokenizer {
     ) -> Result<Vec<u32>> {
         if self.chat_template.is_none() {
             if !options.tools.is_empty() {
-                return Err(EngineError::Template(
-                    "this model has no chat template, so it cannot be shown tools".into(),
-                ));
+                return Err(EngineError::BadField {
+                    field: "tools",
+                    msg: "`tools`: this model has no chat template, so it cannot be shown tools"
+                        .into(),
+                });
             }
             let text: Vec<&str> =
                 messages.iter().map(|m| m.content.as_str()).filter(|c| !c.is_empty()).collect();

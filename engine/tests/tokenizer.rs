@@ -97,6 +97,20 @@ fn a_hostile_chat_template_is_an_error_not_a_hang() {
     let (_t, m) = with_template("{% set s = namespace(x='0123456789abcdef') %}{% for i in range(40) %}{{ s.x }}{% set s.x = s.x ~ s.x %}{% endfor %}");
     let e = m.tokenizer.apply_chat_template(&hi, true).unwrap_err().to_string();
     assert!(e.contains("wrote more than"), "{e}");
+    // A template that refuses the conversation is the request's fault (a 400 at the API);
+    // one that fails otherwise is the model's (a 500).
+    let (_t, m) = with_template("{{ raise_exception('Conversation roles must alternate') }}");
+    let e = m.tokenizer.apply_chat_template(&hi, true).unwrap_err();
+    assert!(
+        matches!(&e, perch_engine::EngineError::TemplateRejected(m) if m == "Conversation roles must alternate"),
+        "{e:?}"
+    );
+    let api = perch_engine::server::error::ApiError::engine(&e, "messages");
+    assert_eq!((api.status.as_u16(), api.param.as_deref()), (400, Some("messages")));
+    let (_t, m) = with_template("{{ messages[0].content | no_such_filter }}");
+    let e = m.tokenizer.apply_chat_template(&hi, true).unwrap_err();
+    assert!(matches!(&e, perch_engine::EngineError::Template(_)), "{e:?}");
+    assert_eq!(perch_engine::server::error::ApiError::engine(&e, "messages").status.as_u16(), 500);
     // A real template still renders.
     let (_t, m) = with_template("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}");
     assert_eq!(m.tokenizer.apply_chat_template(&hi, true).unwrap(), "<user>hi");

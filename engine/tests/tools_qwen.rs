@@ -216,6 +216,29 @@ async fn qwen_calls_tools_as_asked() {
     let text = h["choices"][0]["message"]["content"].as_str().unwrap_or("");
     assert!(text.contains("31") || text.to_lowercase().contains("sunny"), "{h}");
 
+    // json_schema: the answer is JSON valid against the schema (checked here by hand).
+    let schema = json!({"type": "object", "properties": {
+        "name": {"type": "string"}, "born": {"type": "integer"},
+        "fields": {"type": "array", "items": {"type": "string"}}
+    }, "required": ["name", "born", "fields"], "additionalProperties": false});
+    let rf = json!({"type": "json_schema", "json_schema": {"name": "person", "strict": true, "schema": schema}});
+    let ask_json = "Give me a person: Ada Lovelace, born 1815. Answer in JSON.";
+    let (s, j) =
+        post(&server, url, chat(ask_json, json!({"response_format": rf, "max_tokens": 120}))).await;
+    assert_eq!(s, 200, "{j}");
+    eprintln!("json_schema: {j}");
+    let v: Value =
+        serde_json::from_str(j["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
+    let o = v.as_object().unwrap();
+    assert_eq!(o.len(), 3, "{v}");
+    assert!(v["name"].is_string() && v["born"].is_i64() && v["fields"].is_array(), "{v}");
+    assert!(v["fields"].as_array().unwrap().iter().all(Value::is_string), "{v}");
+    let rf = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": true}}});
+    let (s, e) = post(&server, url, chat(ask_json, json!({"response_format": rf}))).await;
+    assert_eq!(s, 400, "{e}");
+    assert_eq!(e["error"]["param"], "response_format.json_schema.schema", "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("uniqueItems"), "{e}");
+
     // A malformed tool is a 400 naming the field, in OpenAI's error shape.
     let bad = json!([{"type": "function", "function": {"name": "bad name!", "parameters": {"type": "object"}}}]);
     let (s, e) = post(&server, url, chat(ask, json!({"tools": bad}))).await;

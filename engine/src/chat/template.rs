@@ -68,7 +68,8 @@ impl ChatTemplate {
         env.add_function(
             "raise_exception",
             |msg: String| -> std::result::Result<String, minijinja::Error> {
-                Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+                Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg.clone())
+                    .with_source(Raised(msg)))
             },
         );
         env.add_function("strftime_now", |fmt: String| -> String {
@@ -108,10 +109,37 @@ impl ChatTemplate {
                 minijinja::ErrorKind::WriteFailure => EngineError::Template(format!(
                     "the template wrote more than {TEMPLATE_MAX_OUTPUT} bytes"
                 )),
-                _ => EngineError::Template(e.to_string()),
+                _ => match raised(&e) {
+                    Some(msg) => EngineError::TemplateRejected(msg),
+                    None => EngineError::Template(e.to_string()),
+                },
             })?;
         String::from_utf8(out.0).map_err(|e| EngineError::Template(e.to_string()))
     }
+}
+
+/// What a template's `raise_exception` said: the template refuses the conversation (roles out
+/// of order, a tool result without its call), which is the request's fault, not the model's.
+#[derive(Debug)]
+struct Raised(String);
+
+impl std::fmt::Display for Raised {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Raised {}
+
+fn raised(e: &minijinja::Error) -> Option<String> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if let Some(r) = c.downcast_ref::<Raised>() {
+            return Some(r.0.clone());
+        }
+        cause = c.source();
+    }
+    None
 }
 
 /// The parts of C's strftime that chat templates use (`%d %b %Y`, `%Y-%m-%d`, `%B`, `%A`,

@@ -88,8 +88,9 @@ impl ApiError {
             EngineError::EmptyPrompt => ApiError::invalid(prompt_param, e.to_string()),
             EngineError::BadField { field, .. } => ApiError::invalid(field, e.to_string()),
             // A template's `raise_exception` rejects the conversation (roles out of order, a
-            // tool result without its call); its budget errors name the template.
-            EngineError::Template(_) => {
+            // tool result without its call); a template that fails otherwise (its budget, its
+            // syntax) is the model's fault and stays a 500.
+            EngineError::TemplateRejected(_) => {
                 ApiError::invalid(prompt_param, e.to_string()).code("template_error")
             }
             EngineError::ContextOverflow { .. } => {
