@@ -264,6 +264,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                         }
                         // `perch run` offers no tools.
                         TurnEvent::ToolCall(_) => {}
+                        // Reasoning goes to stderr, so stdout is the answer alone.
+                        TurnEvent::Reasoning { text } => eprint!("{text}"),
                         TurnEvent::End(end) => return Ok(end),
                         TurnEvent::Failed(e) => return Err(e),
                     }

@@ -154,6 +154,16 @@ impl Tokenizer {
         options: &ChatOptions,
         answer_start: &str,
     ) -> Result<Vec<u32>> {
+        Ok(self.encode_chat_rendered(messages, options, answer_start)?.0)
+    }
+
+    /// `encode_chat_with`, and the text the template rendered (`None` without a template).
+    pub fn encode_chat_rendered(
+        &self,
+        messages: &[ChatMessage],
+        options: &ChatOptions,
+        answer_start: &str,
+    ) -> Result<(Vec<u32>, Option<String>)> {
         if self.chat_template.is_none() {
             if !options.tools.is_empty() {
                 return Err(EngineError::BadField {
@@ -164,10 +174,16 @@ impl Tokenizer {
             }
             let text: Vec<&str> =
                 messages.iter().map(|m| m.content.as_str()).filter(|c| !c.is_empty()).collect();
-            return self.encode(&format!("{}\n\n", text.join("\n\n")), true);
+            return Ok((self.encode(&format!("{}\n\n", text.join("\n\n")), true)?, None));
         }
         let text = self.apply_chat_template_with(messages, true, options)?;
-        self.encode(&format!("{text}{answer_start}"), false)
+        let text = format!("{text}{answer_start}");
+        Ok((self.encode(&text, false)?, Some(text)))
+    }
+
+    /// The chat template's source, if the model has one.
+    pub fn chat_template_source(&self) -> Option<&str> {
+        self.chat_template.as_ref().map(|t| t.source.as_str())
     }
 }
 

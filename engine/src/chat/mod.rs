@@ -2,8 +2,10 @@
 //! into a prompt. Tool-call formats and reasoning parsers belong here too.
 
 mod pyjson;
+pub mod reasoning;
 pub mod template;
 pub mod tools;
 
+pub use reasoning::{Part, ThinkSplitter};
 pub use template::{ChatMessage, ChatOptions, ChatTemplate};
 pub use tools::{call_schema, CallSplitter, Piece, Tool, ToolCall, ToolChoice, ToolFormat};

@@ -63,6 +63,15 @@ impl ChatTemplate {
     ) -> Result<String> {
         let mut env = minijinja::Environment::new();
         minijinja_contrib::add_to_environment(&mut env);
+        // transformers renders with jinja2's trim_blocks and lstrip_blocks: a block tag eats
+        // the newline after it and the indentation before it.
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        // Python's `is iterable`: none and undefined are not (minijinja iterates them as
+        // empty), so `tools is iterable and tools | length > 0` holds off without tools.
+        env.add_test("iterable", |v: minijinja::Value| {
+            !v.is_none() && !v.is_undefined() && v.try_iter().is_ok()
+        });
         // Hugging Face templates call Python string methods (.strip(), .startswith(), ...).
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function(
@@ -86,11 +95,24 @@ impl ChatTemplate {
         // Templates come with downloaded models: bound the work (every instruction costs fuel;
         // real templates spend a few thousand per message) and the text they write.
         env.set_fuel(Some(TEMPLATE_FUEL));
-        env.add_template("chat", &self.source).map_err(|e| EngineError::Template(e.to_string()))?;
+        let source = without_generation_tags(&self.source);
+        env.add_template("chat", &source).map_err(|e| EngineError::Template(e.to_string()))?;
         // Keyword arguments first, so a `messages` or `tools` among them cannot replace the
         // real ones.
         let kwargs = minijinja::Value::from_serialize(&options.kwargs);
         let tools = (!options.tools.is_empty()).then_some(&options.tools);
+        // An assistant turn that only calls tools has no content: clients send null, and
+        // templates test `content is none` to choose how to write the calls.
+        let messages: Vec<Value> = messages
+            .iter()
+            .map(|m| {
+                let mut v = serde_json::to_value(m).unwrap_or_default();
+                if m.content.is_empty() && !m.tool_calls.is_empty() {
+                    v["content"] = Value::Null;
+                }
+                v
+            })
+            .collect();
         let ctx = minijinja::context! {
             messages => messages,
             tools => tools,
@@ -116,6 +138,52 @@ impl ChatTemplate {
             })?;
         String::from_utf8(out.0).map_err(|e| EngineError::Template(e.to_string()))
     }
+}
+
+/// transformers' `{% generation %}…{% endgeneration %}` marks the assistant's text for
+/// training masks and renders as its body; minijinja has no such tag, so each becomes an
+/// always-true `if` block with the same whitespace control.
+fn without_generation_tags(source: &str) -> std::borrow::Cow<'_, str> {
+    if !source.contains("generation") {
+        return source.into();
+    }
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find("{%") {
+        out.push_str(&rest[..at]);
+        let tag = &rest[at..];
+        let Some(close) = tag.find("%}") else {
+            rest = tag;
+            break;
+        };
+        let inner = tag[2..close].trim_matches('-').trim();
+        let (l, r) = (tag[2..].starts_with('-'), tag[..close].ends_with('-'));
+        let (l, r) = (if l { "-" } else { "" }, if r { "-" } else { "" });
+        match inner {
+            "generation" => out.push_str(&format!("{{%{l} if true {r}%}}")),
+            "endgeneration" => out.push_str(&format!("{{%{l} endif {r}%}}")),
+            _ => out.push_str(&tag[..close + 2]),
+        }
+        rest = &tag[close + 2..];
+    }
+    out.push_str(rest);
+    out.into()
+}
+
+#[cfg(test)]
+#[test]
+fn generation_tags_render_as_their_body() {
+    let t = ChatTemplate {
+        source: "{% for m in messages %}[{%- generation -%} {{ m.content }} {%- endgeneration %}]{% endfor %}{% if x %}{%".into(),
+        bos_token: String::new(),
+        eos_token: String::new(),
+    };
+    assert_eq!(without_generation_tags(&t.source), "{% for m in messages %}[{%- if true -%} {{ m.content }} {%- endif %}]{% endfor %}{% if x %}{%");
+    let t = ChatTemplate { source: t.source.trim_end_matches("{% if x %}{%").into(), ..t };
+    assert_eq!(
+        t.render(&[ChatMessage::new("user", "hi")], true, &ChatOptions::default()).unwrap(),
+        "[hi]"
+    );
 }
 
 /// What a template's `raise_exception` said: the template refuses the conversation (roles out

@@ -12,6 +12,7 @@ pub mod lease;
 pub mod model_ref;
 pub mod observe;
 mod prepare;
+mod split;
 pub mod turn;
 pub mod warmup;
 pub mod worker;

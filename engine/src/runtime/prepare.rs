@@ -5,7 +5,7 @@
 
 use super::engine::ModelInfo;
 use super::turn::{Prompt, ResponseFormat};
-use crate::chat::{call_schema, CallSplitter, ChatOptions, Tool, ToolChoice};
+use crate::chat::{call_schema, CallSplitter, ChatOptions, ThinkSplitter, Tool, ToolChoice};
 use crate::decode::constraint::{Constraint, GrammarError};
 use crate::decode::context_room;
 use crate::error::{EngineError, Result};
@@ -22,14 +22,16 @@ pub(crate) struct Asked {
 pub(crate) struct Prepared {
     pub ids: Vec<u32>,
     /// With tools offered: reads the calls out of the answer.
-    pub splitter: Option<CallSplitter>,
+    pub calls: Option<CallSplitter>,
+    /// With a template that thinks: reads the reasoning out of the answer.
+    pub think: Option<ThinkSplitter>,
     pub constraint: Option<Constraint>,
 }
 
 pub(crate) fn prepare(info: &ModelInfo, asked: Asked) -> Result<Prepared> {
     let tok = &info.tokenizer;
     let Asked { prompt, tools, choice, kwargs, format } = asked;
-    let mut splitter = None;
+    let (mut splitter, mut think) = (None, None);
     let mut constraint = match &format {
         ResponseFormat::JsonSchema(schema) => {
             Some(grammar(info, schema).map_err(|e| EngineError::BadField {
@@ -85,7 +87,10 @@ pub(crate) fn prepare(info: &ModelInfo, asked: Asked) -> Result<Prepared> {
                 let names = tools.iter().map(|t| t.name.clone()).collect();
                 splitter = Some(CallSplitter::new(call_format, names, forced));
             }
-            tok.encode_chat_with(&m, &options, forced.unwrap_or(""))?
+            let (ids, rendered) = tok.encode_chat_rendered(&m, &options, forced.unwrap_or(""))?;
+            think =
+                rendered.and_then(|p| ThinkSplitter::for_prompt(tok.chat_template_source()?, &p));
+            ids
         }
         Prompt::Text(t) => tok.encode(&t, true)?,
         Prompt::Tokens(ids) => {
@@ -99,7 +104,7 @@ pub(crate) fn prepare(info: &ModelInfo, asked: Asked) -> Result<Prepared> {
         ids.extend(tok.start_token());
     }
     context_room(ids.len(), info.context_length)?;
-    Ok(Prepared { ids, splitter, constraint })
+    Ok(Prepared { ids, calls: splitter, think, constraint })
 }
 
 /// `schema` compiled for the model; a schema the engine cannot enforce is the caller's to

@@ -14,8 +14,9 @@ use super::engine::{Engine, ModelInfo};
 use super::model_ref::ModelRef;
 use super::observe::LastTurn;
 use super::prepare::{prepare, Asked, Prepared};
+use super::split::Split;
 use super::{GateError, GatePermit, Lease, Policy, UserRequest};
-use crate::chat::{CallSplitter, ChatMessage, Piece, Tool, ToolCall, ToolChoice};
+use crate::chat::{ChatMessage, Tool, ToolCall, ToolChoice};
 use crate::decode::sampler::SamplingParams;
 use crate::decode::{
     context_room, generate_streaming, DraftMode, FinishReason, GenerateParams, Generation,
@@ -110,6 +111,10 @@ pub enum TurnEvent {
     /// A call the model made (only when the turn offered tools); its text never appears in
     /// a `Delta`.
     ToolCall(ToolCall),
+    /// Reasoning text (a thinking model's `<think>` block); never in a `Delta`.
+    Reasoning {
+        text: String,
+    },
     End(TurnEnd),
     /// The generation failed after the turn started.
     Failed(EngineError),
@@ -181,7 +186,7 @@ impl Arrival {
     ) -> Result<TurnHandle> {
         let Arrival { engine, mut user, at } = self;
         let mut stop = turn.stop;
-        let (info, Prepared { ids: prompt, splitter, constraint }) = {
+        let (info, Prepared { ids: prompt, calls, think, constraint }) = {
             let (engine, model) = (engine.clone(), turn.model.clone());
             let asked = Asked {
                 prompt: turn.prompt,
@@ -202,7 +207,7 @@ impl Arrival {
                 Err(_) => return Err(EngineError::PrepareDeadline(PREPARE_DEADLINE.as_secs())),
             };
             // One call at most: the answer ends where the first call does.
-            if let (false, Some(s)) = (parallel, &r.1.splitter) {
+            if let (false, Some(s)) = (parallel, &r.1.calls) {
                 stop.extend(s.format().call_end().map(String::from));
             }
             r
@@ -244,7 +249,7 @@ impl Arrival {
             prompt,
             params,
             draft: turn.draft,
-            splitter,
+            splitter: Split::new(think, calls),
             held: (permit, lease, user),
             arrived: at,
             cancel,
@@ -280,7 +285,7 @@ impl TurnHandle {
     pub async fn finish(mut self) -> Result<TurnEnd> {
         while let Some(ev) = self.next().await {
             match ev {
-                TurnEvent::Delta { .. } | TurnEvent::ToolCall(_) => {}
+                TurnEvent::Delta { .. } | TurnEvent::ToolCall(_) | TurnEvent::Reasoning { .. } => {}
                 TurnEvent::End(end) => return Ok(end),
                 TurnEvent::Failed(e) => return Err(e),
             }
@@ -304,7 +309,7 @@ struct Running {
     params: GenerateParams,
     draft: DraftChoice,
     /// Reads tool calls out of the text (a turn that offered tools).
-    splitter: Option<CallSplitter>,
+    splitter: Option<Split>,
     held: (GatePermit, Lease, UserRequest),
     arrived: Instant,
     cancel: Arc<AtomicBool>,
@@ -333,15 +338,11 @@ impl Running {
             DraftChoice::Off => DraftMode::None,
             DraftChoice::Use(d) => d,
         };
-        let splitter =
-            Arc::new(std::sync::Mutex::new(splitter.map(|s| Split { s, logprobs: vec![] })));
+        let splitter = Arc::new(std::sync::Mutex::new(splitter));
         let (pieces, split) = (tx.clone(), splitter.clone());
         let result = generate(&engine, &info.id, prompt.clone(), params, cancel, move |t, l| {
             match split.locked().as_mut() {
-                Some(sp) => {
-                    let out = sp.s.push(t);
-                    sp.send(&pieces, out, l)
-                }
+                Some(sp) => sp.push(&pieces, t, l),
                 None => {
                     let _ =
                         pieces.send(TurnEvent::Delta { text: t.to_string(), logprobs: l.to_vec() });
@@ -349,8 +350,7 @@ impl Running {
             }
         });
         if let Some(sp) = splitter.locked().as_mut() {
-            let rest = sp.s.finish();
-            sp.send(&tx, rest, &[]);
+            sp.finish(&tx);
         }
         let ttft = result.as_ref().ok().map(|g| started - arrived + g.ttft);
         if let (Ok(g), Some(ttft)) = (&result, ttft) {
@@ -374,27 +374,6 @@ impl Running {
             }),
             Err(e) => TurnEvent::Failed(e),
         });
-    }
-}
-
-/// A splitter, and the log-probabilities of text it holds back (they go out with the next
-/// content, so none is lost).
-struct Split {
-    s: CallSplitter,
-    logprobs: Vec<TokenLogprob>,
-}
-
-impl Split {
-    fn send(&mut self, tx: &mpsc::UnboundedSender<TurnEvent>, out: Vec<Piece>, l: &[TokenLogprob]) {
-        self.logprobs.extend_from_slice(l);
-        for p in out {
-            let _ = tx.send(match p {
-                Piece::Content(text) => {
-                    TurnEvent::Delta { text, logprobs: std::mem::take(&mut self.logprobs) }
-                }
-                Piece::Call(c) => TurnEvent::ToolCall(c),
-            });
-        }
     }
 }
 

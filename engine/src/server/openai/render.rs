@@ -78,7 +78,7 @@ pub(super) async fn collect(mut x: Exchange<Wire>) -> Response {
     let created = unix_now() as u64;
     let Wire { endpoint, logprobs, legacy_functions, .. } = x.wire;
     let mut lps = Vec::new();
-    let (mut text, mut calls) = (String::new(), Vec::new());
+    let (mut text, mut reasoning, mut calls) = (String::new(), String::new(), Vec::new());
     while let Some(ev) = x.handle.next().await {
         let end = match ev {
             TurnEvent::Delta { text: t, logprobs } => {
@@ -90,6 +90,10 @@ pub(super) async fn collect(mut x: Exchange<Wire>) -> Response {
                 calls.push(c);
                 continue;
             }
+            TurnEvent::Reasoning { text: t } => {
+                reasoning.push_str(&t);
+                continue;
+            }
             TurnEvent::Failed(e) => return error_of(endpoint, &e).into_response(),
             TurnEvent::End(end) => end,
         };
@@ -98,6 +102,9 @@ pub(super) async fn collect(mut x: Exchange<Wire>) -> Response {
         let body = match endpoint {
             Endpoint::Chat => {
                 let mut message = json!({"role": "assistant", "content": text});
+                if !reasoning.is_empty() {
+                    message["reasoning_content"] = reasoning.into();
+                }
                 if !calls.is_empty() {
                     if text.is_empty() {
                         message["content"] = Value::Null;
@@ -179,6 +186,10 @@ impl SseState {
                 let lp = self.lp_value(&logprobs);
                 self.text_offset += logprobs.iter().map(|t| t.text.len()).sum::<usize>();
                 let ev = self.chunk(json!({"content": text}), None, lp);
+                self.queue.push_back(ev);
+            }
+            Some(TurnEvent::Reasoning { text }) => {
+                let ev = self.chunk(json!({"reasoning_content": text}), None, None);
                 self.queue.push_back(ev);
             }
             Some(TurnEvent::ToolCall(c)) => {
