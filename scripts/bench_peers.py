@@ -59,6 +59,14 @@ print(json.dumps({
 LLAMA_CPP_BENCH = r"""
 import json, sys, time
 import numpy as np
+import llama_cpp.llama_cpp as C
+# No AMX / repacked buffers: llama.cpp 0.3.36's AMX buffers crash (SIGSEGV) on CPUs with AMX.
+_defaults = C.llama_model_default_params
+def _plain_params():
+    p = _defaults()
+    p.use_extra_bufts = False
+    return p
+C.llama_model_default_params = _plain_params
 from llama_cpp import Llama
 path, decode_tokens, passage = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 llm = Llama(model_path=path, n_ctx=2048, n_batch=512, n_threads=2, verbose=False)

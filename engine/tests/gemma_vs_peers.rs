@@ -20,11 +20,10 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use common::{greedy_departures, own_gap, reference_gap, TopTokens};
+use common::{compare_greedy, run_python, GreedyReference, LLAMA_CPP_PLAIN};
 use mlx_rs::Array;
 use perch_engine::gguf::import::{import, ImportOptions, Quantize, StoreDtype};
 use perch_engine::LoadedModel;
@@ -74,20 +73,6 @@ fn peers() -> Option<(PathBuf, PathBuf)> {
     Some((gguf, python))
 }
 
-fn run_python(python: &Path, script: &str, input: serde_json::Value) -> serde_json::Value {
-    let mut child = Command::new(python)
-        .args(["-c", script])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(input.to_string().as_bytes()).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "peer script failed");
-    serde_json::from_slice(out.stdout.rsplit(|&b| b == b'\n').find(|l| !l.is_empty()).unwrap())
-        .unwrap()
-}
-
 const LLAMA_CPP: &str = r#"
 import json, sys
 import numpy as np
@@ -112,70 +97,17 @@ for text in req["texts"]:
 print(json.dumps(out))
 "#;
 
-/// One prompt's reference continuation: its tokens and the reference's top tokens per step.
-struct Reference {
-    prompt: &'static str,
-    ids: Vec<u32>,
-    greedy: Vec<u32>,
-    top: Vec<TopTokens>,
-}
-
-fn references(theirs: &serde_json::Value) -> Vec<Reference> {
+fn references(theirs: &serde_json::Value) -> Vec<GreedyReference> {
     PROMPTS
         .iter()
         .zip(theirs["prompts"].as_array().unwrap())
-        .map(|(prompt, t)| Reference {
-            prompt,
+        .map(|(prompt, t)| GreedyReference {
+            label: format!("{prompt:?}"),
             ids: serde_json::from_value(t["ids"].clone()).unwrap(),
             greedy: serde_json::from_value(t["greedy"].clone()).unwrap(),
             top: serde_json::from_value(t["top"].clone()).unwrap(),
         })
         .collect()
-}
-
-/// Perch's departures from each reference, split into near-ties and real disagreements
-/// (printed as they are found); returns (near-ties, disagreements, positions compared).
-fn compare(
-    model: &LoadedModel,
-    refs: &[Reference],
-    peer: &str,
-    near_tie: f64,
-) -> (usize, usize, usize) {
-    let (mut ties, mut wrong, mut compared) = (0, 0, 0);
-    for r in refs {
-        let departures = greedy_departures(model, &r.ids, &r.greedy);
-        compared += r.greedy.len();
-        println!(
-            "{:?}: {}/{} tokens as {peer}'s",
-            r.prompt,
-            r.greedy.len() - departures.len(),
-            r.greedy.len()
-        );
-        for d in departures {
-            // A near-tie for both: the peer ranks Perch's token close to its best, and Perch
-            // ranks the peer's token close to its own (on the same context).
-            let gap = reference_gap(&r.top[d.at], d.ours);
-            let mut context = r.ids.clone();
-            context.extend_from_slice(&r.greedy[..d.at]);
-            let own = f64::from(own_gap(model, &context, d.theirs));
-            let shown =
-                gap.map_or(format!("outside its top {TOP}"), |g| format!("{g:.3} below its best"));
-            let tie = gap.is_some_and(|g| g < near_tie) && own < near_tie;
-            println!(
-                "  token {}: Perch {} vs {peer} {}: Perch's token is {shown} for {peer}, {peer}'s {own:.3} below Perch's best{}",
-                d.at,
-                d.ours,
-                d.theirs,
-                if tie { " (near-tie)" } else { "" }
-            );
-            if tie {
-                ties += 1
-            } else {
-                wrong += 1
-            }
-        }
-    }
-    (ties, wrong, compared)
 }
 
 /// A copy of the model directory `dir` in `into` with tensor `name` passed through `f` (in
@@ -219,7 +151,8 @@ fn gemma_matches_llama_cpp() {
     let texts: Vec<&str> = inp.split("\n__ggml_vocab_test__\n").filter(|t| !t.is_empty()).collect();
     let theirs = run_python(
         &python,
-        LLAMA_CPP,
+        &format!("{LLAMA_CPP_PLAIN}{LLAMA_CPP}"),
+        &[],
         serde_json::json!({"gguf": gguf, "prompts": PROMPTS, "n": 16, "top": TOP, "texts": texts}),
     );
 
@@ -230,15 +163,14 @@ fn gemma_matches_llama_cpp() {
         assert_eq!(tok.encode(*text, false).unwrap().get_ids(), &want[..], "tokenizing {text:?}");
     }
     let refs = references(&theirs);
-    for r in &refs {
+    for (prompt, r) in PROMPTS.iter().zip(&refs) {
         assert_eq!(
-            model.tokenizer.encode(r.prompt, true).unwrap(),
+            model.tokenizer.encode(prompt, true).unwrap(),
             r.ids,
-            "prompt tokens for {:?}",
-            r.prompt
+            "prompt tokens for {prompt:?}"
         );
     }
-    let (ties, wrong, compared) = compare(&model, &refs, "llama.cpp", NEAR_TIE);
+    let (ties, wrong, compared) = compare_greedy(&model, &refs, "llama.cpp", NEAR_TIE);
     println!("{compared} positions: {ties} near-tie departures, {wrong} real disagreements");
     assert_eq!(wrong, 0, "Perch departs from llama.cpp where llama.cpp's logits are no near-tie");
 
@@ -252,7 +184,7 @@ fn gemma_matches_llama_cpp() {
         "model.layers.3.post_attention_layernorm.weight",
         |w| w.subtract(Array::from_f32(1.0)).unwrap(),
     );
-    let (ties, wrong, _) = compare(&broken, &refs, "llama.cpp", NEAR_TIE);
+    let (ties, wrong, _) = compare_greedy(&broken, &refs, "llama.cpp", NEAR_TIE);
     println!("perturbed model: {ties} near-tie departures, {wrong} real disagreements");
     assert!(wrong > 0, "a model with a perturbed norm passed the comparison with llama.cpp");
 }
@@ -289,6 +221,7 @@ fn gemma_matches_mlx_lm() {
     let theirs = run_python(
         &python,
         MLX_LM,
+        &[],
         serde_json::json!({"dir": model.dir, "prompts": prompts, "out": tmp.path(), "top": TOP}),
     );
     let mut wrong = 0;
@@ -307,13 +240,13 @@ fn gemma_matches_mlx_lm() {
         let err = got.iter().zip(&want).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
         println!("prompt {i}: relative logit error vs mlx-lm {err:.2e}");
         assert!(err <= 1e-2, "prompt {i}: {err:.2e}");
-        let r = Reference {
-            prompt: PROMPTS[i],
+        let r = GreedyReference {
+            label: format!("{:?}", PROMPTS[i]),
             ids: ids.clone(),
             greedy: serde_json::from_value(theirs[i]["greedy"].clone()).unwrap(),
             top: serde_json::from_value(theirs[i]["top"].clone()).unwrap(),
         };
-        wrong += compare(&model, std::slice::from_ref(&r), "mlx-lm", MLX_NEAR_TIE).1;
+        wrong += compare_greedy(&model, std::slice::from_ref(&r), "mlx-lm", MLX_NEAR_TIE).1;
     }
     assert_eq!(wrong, 0, "Perch departs from mlx-lm where mlx-lm's logits are no near-tie");
 }

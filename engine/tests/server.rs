@@ -488,6 +488,41 @@ async fn logprobs_and_json_mode() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_constrained_turn_says_its_drafts_are_off() {
+    // Prompt lookup on: a plain turn drafts; a constrained one decodes token by token, and
+    // the response header says so.
+    let engine =
+        EngineConfig { draft: "lookup".into(), ..engine_config(&fixtures_models(), "qwen3") };
+    let s = serve(engine, ServeConfig::default()).await;
+    let send =
+        |body: Value| client().post(format!("{}/v1/chat/completions", s.url())).json(&body).send();
+    let plain = send(chat_body(json!({}))).await.unwrap();
+    assert_eq!(plain.status(), 200);
+    assert!(plain.headers().get("x-perch-drafts").is_none());
+    for extra in [
+        json!({"response_format": {"type": "json_object"}}),
+        json!({"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}}}),
+        json!({"logprobs": true, "stream": true}),
+    ] {
+        let r = send(chat_body(extra.clone())).await.unwrap();
+        assert_eq!(r.status(), 200, "{extra}");
+        let why = r.headers().get("x-perch-drafts").map(|v| v.to_str().unwrap().to_string());
+        assert!(why.as_deref().is_some_and(|w| w.starts_with("drafts off: ")), "{extra}: {why:?}");
+    }
+    // Drafts off for the model: nothing to report.
+    let s2 = serve(engine_config(&fixtures_models(), "qwen3"), ServeConfig::default()).await;
+    let r = client()
+        .post(format!("{}/v1/chat/completions", s2.url()))
+        .json(&chat_body(json!({"response_format": {"type": "json_object"}})))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.headers().get("x-perch-drafts").is_none());
+    s.shutdown().await;
+    s2.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_waits_for_short_requests_and_cancels_long_ones() {
     let s = start_with(
         ServeConfig { shutdown_grace: Duration::from_millis(300), ..Default::default() },

@@ -144,6 +144,7 @@ pub struct TurnRecord<'a> {
     pub result: &'a Result<Generation>,
     /// Arrival to the first token, when there was one.
     pub ttft: Option<Duration>,
+    pub drafts_off: Option<&'a str>,
 }
 
 /// How long rendering and tokenizing one prompt may take before the turn fails (the work is
@@ -216,7 +217,7 @@ impl Arrival {
         // context leaves after the prompt.
         let cap = engine.config.max_tokens_cap.unwrap_or(usize::MAX);
         let room = context_room(prompt.len(), info.context_length)?;
-        let params = GenerateParams {
+        let mut params = GenerateParams {
             max_tokens: turn.max_tokens.unwrap_or(usize::MAX).min(cap).min(room),
             sampling: turn.sampling,
             stop,
@@ -229,6 +230,27 @@ impl Arrival {
         };
         // Pin the model (loading it if needed) before queueing for the gate.
         let lease = engine.lease_model(&info.id).await?;
+        let draft = match turn.draft {
+            DraftChoice::ModelDefault => {
+                engine.with_resident(&info.id, |m| m.info.draft.clone()).unwrap_or_default()
+            }
+            DraftChoice::Off => DraftMode::None,
+            DraftChoice::Use(d) => d,
+        };
+        // Logprobs, JSON mode and grammars decode one token at a time on the host: drafts
+        // are not used, and the response and the request log say so.
+        let guided = [
+            (params.constraint.is_some(), "the answer is decoded under a grammar"),
+            (params.json_mode, "json_object"),
+            (params.logprobs.is_some(), "logprobs"),
+        ]
+        .into_iter()
+        .find_map(|(on, why)| on.then_some(why));
+        let drafts_off = match (guided, &draft) {
+            (Some(why), d) if *d != DraftMode::None => Some(format!("drafts off: {why}")),
+            _ => None,
+        };
+        params.draft = if guided.is_some() { DraftMode::None } else { draft };
         user.queue();
         let permit = engine.gate.acquire(Policy::WaitForTurn).await.map_err(|e| match e {
             GateError::QueueFull(n) => EngineError::Busy(n),
@@ -240,6 +262,7 @@ impl Arrival {
         let handle = TurnHandle {
             model: info.served_id(),
             prompt_tokens: prompt.len(),
+            drafts_off: drafts_off.clone(),
             events: rx,
             cancel: cancel.clone(),
         };
@@ -248,7 +271,7 @@ impl Arrival {
             info,
             prompt,
             params,
-            draft: turn.draft,
+            drafts_off,
             splitter: Split::new(think, calls),
             held: (permit, lease, user),
             arrived: at,
@@ -266,6 +289,8 @@ pub struct TurnHandle {
     /// The id the turn's model is served as (`model` or `model+adapter`).
     pub model: String,
     pub prompt_tokens: usize,
+    /// Why this turn decodes without the drafts its model would use, if it does.
+    pub drafts_off: Option<String>,
     events: mpsc::UnboundedReceiver<TurnEvent>,
     cancel: Arc<AtomicBool>,
 }
@@ -307,7 +332,8 @@ struct Running {
     info: ModelInfo,
     prompt: Vec<u32>,
     params: GenerateParams,
-    draft: DraftChoice,
+    /// Why drafts were not used, when the model would have used them.
+    drafts_off: Option<String>,
     /// Reads tool calls out of the text (a turn that offered tools).
     splitter: Option<Split>,
     held: (GatePermit, Lease, UserRequest),
@@ -322,8 +348,8 @@ impl Running {
             engine,
             info,
             prompt,
-            mut params,
-            draft,
+            params,
+            drafts_off,
             splitter,
             held,
             arrived,
@@ -331,13 +357,6 @@ impl Running {
             on_end,
         } = self;
         let started = Instant::now();
-        params.draft = match draft {
-            DraftChoice::ModelDefault => {
-                engine.with_resident(&info.id, |m| m.info.draft.clone()).unwrap_or_default()
-            }
-            DraftChoice::Off => DraftMode::None,
-            DraftChoice::Use(d) => d,
-        };
         let splitter = Arc::new(std::sync::Mutex::new(splitter));
         let (pieces, split) = (tx.clone(), splitter.clone());
         let result = generate(&engine, &info.id, prompt.clone(), params, cancel, move |t, l| {
@@ -361,7 +380,13 @@ impl Running {
                 ttft_s: ttft.as_secs_f64(),
             });
         }
-        on_end(&TurnRecord { model: &info, prompt: &prompt, result: &result, ttft });
+        on_end(&TurnRecord {
+            model: &info,
+            prompt: &prompt,
+            result: &result,
+            ttft,
+            drafts_off: drafts_off.as_deref(),
+        });
         // The turn has ended for the engine before its client can see it end: the next one
         // may start, and /health already counts this one.
         drop(held);

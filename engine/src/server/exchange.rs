@@ -154,6 +154,10 @@ fn ended(app: &App, route: &Route, id: String, stream: bool, r: &TurnRecord<'_>)
             rec.decode_tok_s = decode;
             rec.finish_reason = Some(finish_name(g.finish_reason).into());
             rec.draft = g.draft.clone();
+            rec.drafts_off = r.drafts_off.map(String::from);
+            if let Some(why) = r.drafts_off {
+                tracing::info!(request = %rec.id, "{why}");
+            }
             if app.log.as_ref().is_some_and(|l| l.with_text) {
                 rec.prompt = r.model.tokenizer.decode(r.prompt).ok();
                 rec.completion = Some(g.text.clone());

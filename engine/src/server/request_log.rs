@@ -30,6 +30,9 @@ pub struct RequestRecord {
     pub decode_tok_s: Option<f64>,
     pub finish_reason: Option<String>,
     pub draft: Option<DraftStats>,
+    /// Why the model's drafts were not used for this request (a constrained answer, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drafts_off: Option<String>,
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt: Option<String>,

@@ -3,8 +3,10 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod hub;
+pub mod peers;
 pub mod serve;
 
+pub use peers::*;
 pub use serve::*;
 
 use std::path::PathBuf;

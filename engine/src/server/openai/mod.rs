@@ -66,6 +66,9 @@ pub async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Respo
 const CHAT: Route = Route { name: "chat", id_prefix: "chatcmpl", prompt_param: "messages" };
 const COMPLETIONS: Route = Route { name: "completions", id_prefix: "cmpl", prompt_param: "prompt" };
 
+/// Set when a turn decodes without the drafts its model would use, with the reason.
+pub const DRAFTS_HEADER: &str = "x-perch-drafts";
+
 /// What rendering needs besides the turn's events.
 pub(super) struct Wire {
     endpoint: Endpoint,
@@ -103,8 +106,16 @@ async fn complete(
         Ok(Parsed { stream: r.stream, turn: r.turn, wire })
     };
     match exchange::start(&app, route, body, parse).await {
-        Ok(x) if x.stream => render::sse(x).into_response(),
-        Ok(x) => render::collect(x).await,
+        Ok(x) => {
+            // A turn that cannot use its model's drafts says so (docs/api-fields.md).
+            let drafts_off = x.handle.drafts_off.clone();
+            let mut r =
+                if x.stream { render::sse(x).into_response() } else { render::collect(x).await };
+            if let Some(v) = drafts_off.and_then(|w| axum::http::HeaderValue::from_str(&w).ok()) {
+                r.headers_mut().insert(DRAFTS_HEADER, v);
+            }
+            r
+        }
         Err(e) => e.into_response(),
     }
 }
