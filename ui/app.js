@@ -179,14 +179,59 @@ function renderConversations() {
   }
 }
 
+// An assistant answer's parts: its reasoning (collapsed), its tool calls (name and
+// arguments, readable), its text as markdown. Called again as the answer streams in.
+function fillAnswer(div, m) {
+  let details = div.querySelector("details.reasoning");
+  if (m.reasoning && !details) {
+    details = document.createElement("details");
+    details.className = "reasoning";
+    const summary = document.createElement("summary");
+    summary.textContent = "Reasoning";
+    const text = document.createElement("div");
+    text.className = "reasoning-text";
+    details.append(summary, text);
+    div.prepend(details);
+  }
+  if (details) details.querySelector(".reasoning-text").textContent = m.reasoning;
+  let calls = div.querySelector(".tool-calls");
+  if (m.tool_calls && m.tool_calls.length) {
+    if (!calls) {
+      calls = document.createElement("div");
+      calls.className = "tool-calls";
+      div.querySelector(".body").before(calls);
+    }
+    calls.replaceChildren(
+      ...m.tool_calls.map((c) => {
+        const el = document.createElement("div");
+        el.className = "tool-call";
+        const name = document.createElement("div");
+        name.className = "tool-name";
+        name.textContent = `Called ${c.name}`;
+        const args = document.createElement("pre");
+        let shown = c.arguments;
+        try {
+          shown = JSON.stringify(JSON.parse(c.arguments), null, 2);
+        } catch (e) {
+          // Still streaming, or not JSON: as it came.
+        }
+        args.textContent = shown;
+        el.append(name, args);
+        return el;
+      }),
+    );
+  }
+  div.querySelector(".body").innerHTML = renderMarkdown(m.content);
+}
+
 function messageEl(m) {
   const div = document.createElement("div");
   div.className = `msg ${m.role}${m.error ? " error" : ""}`;
   const body = document.createElement("div");
   body.className = "body";
-  if (m.role === "assistant" && !m.error) body.innerHTML = renderMarkdown(m.content);
-  else body.textContent = m.content;
   div.append(body);
+  if (m.role === "assistant" && !m.error) fillAnswer(div, m);
+  else body.textContent = m.content;
   if (m.stats) {
     const s = document.createElement("div");
     s.className = "stats";
@@ -282,15 +327,23 @@ async function send(text) {
         if (chunk.error) throw new ApiError(chunk.error.message, 500, chunk.error.code);
         if (chunk.usage) usage = chunk.usage;
         const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
-        if (delta && delta.content) {
-          if (firstAt === null) {
-            firstAt = performance.now();
-            body.classList.remove("loading");
-          }
-          answer.content += delta.content;
-          body.innerHTML = renderMarkdown(answer.content);
-          $("#messages").scrollTop = $("#messages").scrollHeight;
+        if (!delta) continue;
+        const calls = delta.tool_calls || [];
+        if (!delta.content && !delta.reasoning_content && !calls.length) continue;
+        if (firstAt === null) {
+          firstAt = performance.now();
+          body.classList.remove("loading");
         }
+        answer.content += delta.content || "";
+        if (delta.reasoning_content) answer.reasoning = (answer.reasoning || "") + delta.reasoning_content;
+        for (const c of calls) {
+          answer.tool_calls = answer.tool_calls || [];
+          const call = (answer.tool_calls[c.index] = answer.tool_calls[c.index] || { name: "", arguments: "" });
+          if (c.function && c.function.name) call.name = c.function.name;
+          if (c.function && c.function.arguments) call.arguments += c.function.arguments;
+        }
+        fillAnswer(el, answer);
+        $("#messages").scrollTop = $("#messages").scrollHeight;
       }
     }
   } catch (e) {
@@ -308,7 +361,7 @@ async function send(text) {
     const secs = (performance.now() - (firstAt ?? started)) / 1000;
     const tokens = usage ? usage.completion_tokens : null;
     const rate = tokens && secs > 0 ? ` · ${(tokens / secs).toFixed(1)} tok/s` : "";
-    answer.stats = stopped ? "stopped" + (answer.content ? "" : " before the first token") : `${tokens ?? "?"} tokens${rate}`;
+    answer.stats = stopped ? "stopped" + (answer.content || answer.reasoning ? "" : " before the first token") : `${tokens ?? "?"} tokens${rate}`;
   }
   save();
   renderChat();

@@ -23,6 +23,13 @@ async fn the_ui_chats_stops_remembers_and_restarts_the_engine_in_chromium() {
     let tmp = tempfile::tempdir().unwrap();
     let models = tmp.path().join("models");
     install_fixture(MTP_FIXTURE, &models.join("chat"));
+    // A model whose template opens a `<think>` block for it: all it writes is reasoning.
+    install_fixture("qwen3", &models.join("thinker"));
+    let cfg = models.join("thinker/tokenizer_config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    v["chat_template"] = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n<think>\n".into();
+    std::fs::write(&cfg, v.to_string()).unwrap();
     // A Hugging Face cache holding one MLX model, offered in place.
     let cache = tmp.path().join("hf-hub");
     let repo = cache.join("models--perch-test--cached-qwen3");

@@ -193,6 +193,27 @@ try {
   assert.equal((await health()).model.id, "perch-test/cached-qwen3");
   step("chatted with the Hugging Face cache model");
 
+  // 10b. A model that thinks (its template opens <think>): the reasoning shows collapsed,
+  // apart from the answer, and stays there after a reload.
+  await page.click("#new-chat");
+  await page.selectOption("#model", "thinker");
+  await page.fill("#prompt", "Hi");
+  await page.press("#prompt", "Enter");
+  const thought = page.locator(".msg.assistant").last();
+  await thought.locator(".stats").waitFor({ timeout: 60000 });
+  const reasoning = thought.locator("details.reasoning");
+  assert.equal(await reasoning.count(), 1, "no reasoning block");
+  assert.equal(await reasoning.evaluate((d) => d.open), false, "reasoning is not collapsed");
+  assert.ok((await reasoning.locator(".reasoning-text").textContent()).length > 0);
+  assert.ok(!(await thought.locator(".body").textContent()).includes("<think>"));
+  await reasoning.locator("summary").click();
+  assert.equal(await reasoning.evaluate((d) => d.open), true);
+  await shot(page, "chat-reasoning.png");
+  await page.reload();
+  await waitRunning();
+  assert.equal(await page.locator(".msg.assistant").last().locator("details.reasoning").count(), 1);
+  step("a thinking model's reasoning shows collapsed, apart from its answer");
+
   // 11. A new port from the settings page: the page follows the engine there.
   const free = await new Promise((resolve) => {
     const srv = net.createServer().listen(0, "127.0.0.1", () => {
