@@ -263,7 +263,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                             let _ = out.flush();
                         }
                         // `perch run` offers no tools.
-                        TurnEvent::ToolCall(_) => {}
+                        TurnEvent::ToolCall(_)
+                        | TurnEvent::ToolCallStart { .. }
+                        | TurnEvent::ToolCallArgs { .. } => {}
                         // Reasoning goes to stderr, so stdout is the answer alone.
                         TurnEvent::Reasoning { text } => eprint!("{text}"),
                         TurnEvent::End(end) => return Ok(end),

@@ -79,8 +79,12 @@ fn calls(answer: &Value) -> Vec<(String, Value)> {
         .collect()
 }
 
-/// A streamed answer: every content delta, and the calls put together from their deltas.
-async fn stream(server: &Server, body: Value) -> (Vec<String>, Vec<(String, String)>, String) {
+/// A streamed answer: every content delta, the calls put together from their deltas (name,
+/// arguments, how many argument fragments), and the finish reason.
+async fn stream(
+    server: &Server,
+    body: Value,
+) -> (Vec<String>, Vec<(String, String, usize)>, String) {
     let mut body = body;
     body["stream"] = json!(true);
     let text = client()
@@ -93,7 +97,7 @@ async fn stream(server: &Server, body: Value) -> (Vec<String>, Vec<(String, Stri
         .await
         .unwrap();
     let (mut content, mut calls, mut finish) =
-        (vec![], Vec::<(String, String)>::new(), String::new());
+        (vec![], Vec::<(String, String, usize)>::new(), String::new());
     for line in text.lines() {
         let Some(data) = line.strip_prefix("data: ") else { continue };
         if data == "[DONE]" {
@@ -109,10 +113,11 @@ async fn stream(server: &Server, body: Value) -> (Vec<String>, Vec<(String, Stri
             if i == calls.len() {
                 // A call's first delta carries its id and name.
                 assert!(d["id"].as_str().is_some(), "first delta of call {i} has no id: {d}");
-                calls.push((d["function"]["name"].as_str().unwrap().to_string(), String::new()));
+                calls.push((d["function"]["name"].as_str().unwrap().to_string(), String::new(), 0));
             }
-            if let Some(a) = d["function"]["arguments"].as_str() {
+            if let Some(a) = d["function"]["arguments"].as_str().filter(|a| !a.is_empty()) {
                 calls[i].1.push_str(a);
+                calls[i].2 += 1;
             }
         }
         if let Some(f) = choice["finish_reason"].as_str() {
@@ -193,6 +198,18 @@ async fn qwen_calls_tools_as_asked() {
     let got = calls(&r);
     assert!(!got.is_empty(), "required gave no call: {r}");
     assert!(got.iter().all(|(n, _)| n == "get_weather" || n == "get_time"), "{r}");
+
+    // Streamed, a forced call's name comes first and its arguments in fragments as they are
+    // generated.
+    let (content, streamed, finish) =
+        stream(&server, chat(ask, json!({"tools": weather_tools(), "tool_choice": "required"})))
+            .await;
+    assert_eq!(finish, "tool_calls");
+    assert!(content.iter().all(|c| c.is_empty()), "{content:?}");
+    assert_eq!(streamed.len(), 1, "{streamed:?}");
+    let args: Value = serde_json::from_str(&streamed[0].1).unwrap();
+    assert!(args["city"].is_string(), "{streamed:?}");
+    assert!(streamed[0].2 >= 2, "arguments came in one piece: {streamed:?}");
 
     // A named function: that one, even when the question asks about the weather.
     let named = json!({"type": "function", "function": {"name": "get_time"}});

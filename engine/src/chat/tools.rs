@@ -131,7 +131,39 @@ pub fn call_schema(tools: &[Tool], only: Option<&str>) -> Value {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Piece {
     Content(String),
+    /// A whole call.
     Call(ToolCall),
+    /// A call whose arguments follow as `CallArgs` (streamed as they are generated).
+    CallHead {
+        id: String,
+        name: String,
+    },
+    /// The next part of the last `CallHead`'s arguments (JSON text).
+    CallArgs(String),
+}
+
+/// How the current call is being read.
+#[derive(Debug)]
+enum Stream {
+    /// Its head has not shown yet whether it can be streamed.
+    Undecided,
+    Args(args::ValueEnd),
+    Whole,
+}
+
+impl PartialEq for Stream {
+    fn eq(&self, other: &Stream) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+    }
+}
+
+enum Streamed {
+    /// More text is needed.
+    Wait,
+    /// The call is over; go on after it.
+    Closed,
+    /// Not streamable: read the body whole.
+    Whole,
 }
 
 /// Splits streamed text into content and calls.
@@ -149,6 +181,7 @@ pub struct CallSplitter {
     /// generic format has no markup at all. Decided once, at the end.
     bare_hold: bool,
     tool_names: Vec<String>,
+    stream: Stream,
 }
 
 impl CallSplitter {
@@ -171,6 +204,7 @@ impl CallSplitter {
             id_seed,
             bare_hold: true,
             tool_names,
+            stream: Stream::Undecided,
         };
         if let Some(f) = forced {
             let out = s.push(f);
@@ -216,6 +250,7 @@ impl CallSplitter {
                         let before: String = self.held.drain(..at + open.len()).collect();
                         push_content(out, &before[..at], self.calls > 0);
                         self.in_call = true;
+                        self.stream = Stream::Undecided;
                     }
                     None => {
                         // Hold back a tail that may be the start of the marker.
@@ -225,6 +260,13 @@ impl CallSplitter {
                         push_content(out, &text, self.calls > 0);
                         return;
                     }
+                }
+            }
+            if self.format == ToolFormat::TaggedCall {
+                match self.stream_call(out, close.unwrap_or(""), end) {
+                    Streamed::Wait => return,
+                    Streamed::Closed => continue,
+                    Streamed::Whole => {}
                 }
             }
             let body_end = match close {
@@ -247,6 +289,44 @@ impl CallSplitter {
                 None => return,
             }
         }
+    }
+
+    /// A tagged JSON call whose head is `{"name": <offered tool>, "arguments": {`: its name
+    /// goes out at once and its arguments as they arrive. Anything else is read whole.
+    fn stream_call(&mut self, out: &mut Vec<Piece>, close: &str, end: bool) -> Streamed {
+        if self.stream == Stream::Undecided {
+            match args::head(&self.held) {
+                args::Head::NeedMore if !end => return Streamed::Wait,
+                args::Head::Yes { name, args_at } if self.tool_names.contains(&name) => {
+                    self.held.drain(..args_at);
+                    let id = self.next_id();
+                    out.push(Piece::CallHead { id, name });
+                    self.stream = Stream::Args(args::ValueEnd::default());
+                }
+                _ => self.stream = Stream::Whole,
+            }
+        }
+        let Stream::Args(value) = &mut self.stream else { return Streamed::Whole };
+        if !value.done {
+            let n = value.feed(&self.held);
+            let part: String = self.held.drain(..n).collect();
+            if !part.is_empty() {
+                out.push(Piece::CallArgs(part));
+            }
+            if !value.done && !end {
+                return Streamed::Wait;
+            }
+        }
+        // After the arguments: the object's `}` and the closing marker, then the call is over.
+        match self.held.find(close).filter(|_| !close.is_empty()) {
+            Some(at) => {
+                self.held.drain(..at + close.len());
+            }
+            None if end => self.held.clear(),
+            None => return Streamed::Wait,
+        }
+        self.in_call = false;
+        Streamed::Closed
     }
 
     /// A call's body becomes calls; a body that is no call is let out as the text it was.
@@ -413,5 +493,6 @@ fn parse_deepseek(body: &str) -> Option<Vec<(String, String)>> {
     Some(calls)
 }
 
+mod args;
 #[cfg(test)]
 mod tests;

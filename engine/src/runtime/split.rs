@@ -64,6 +64,8 @@ impl Split {
                     TurnEvent::Delta { text, logprobs: std::mem::take(&mut self.logprobs) }
                 }
                 Piece::Call(c) => TurnEvent::ToolCall(c),
+                Piece::CallHead { id, name } => TurnEvent::ToolCallStart { id, name },
+                Piece::CallArgs(text) => TurnEvent::ToolCallArgs { text },
             });
         }
     }

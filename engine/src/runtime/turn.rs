@@ -111,6 +111,15 @@ pub enum TurnEvent {
     /// A call the model made (only when the turn offered tools); its text never appears in
     /// a `Delta`.
     ToolCall(ToolCall),
+    /// A call whose arguments follow in `ToolCallArgs` events, as they are generated.
+    ToolCallStart {
+        id: String,
+        name: String,
+    },
+    /// The next part of the last started call's arguments (JSON text).
+    ToolCallArgs {
+        text: String,
+    },
     /// Reasoning text (a thinking model's `<think>` block); never in a `Delta`.
     Reasoning {
         text: String,
@@ -310,7 +319,11 @@ impl TurnHandle {
     pub async fn finish(mut self) -> Result<TurnEnd> {
         while let Some(ev) = self.next().await {
             match ev {
-                TurnEvent::Delta { .. } | TurnEvent::ToolCall(_) | TurnEvent::Reasoning { .. } => {}
+                TurnEvent::Delta { .. }
+                | TurnEvent::ToolCall(_)
+                | TurnEvent::ToolCallStart { .. }
+                | TurnEvent::ToolCallArgs { .. }
+                | TurnEvent::Reasoning { .. } => {}
                 TurnEvent::End(end) => return Ok(end),
                 TurnEvent::Failed(e) => return Err(e),
             }

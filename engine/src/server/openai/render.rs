@@ -90,6 +90,16 @@ pub(super) async fn collect(mut x: Exchange<Wire>) -> Response {
                 calls.push(c);
                 continue;
             }
+            TurnEvent::ToolCallStart { id, name } => {
+                calls.push(ToolCall { id, name, arguments: String::new() });
+                continue;
+            }
+            TurnEvent::ToolCallArgs { text: t } => {
+                if let Some(c) = calls.last_mut() {
+                    c.arguments.push_str(&t);
+                }
+                continue;
+            }
             TurnEvent::Reasoning { text: t } => {
                 reasoning.push_str(&t);
                 continue;
@@ -190,6 +200,27 @@ impl SseState {
             }
             Some(TurnEvent::Reasoning { text }) => {
                 let ev = self.chunk(json!({"reasoning_content": text}), None, None);
+                self.queue.push_back(ev);
+            }
+            Some(TurnEvent::ToolCallStart { id, name }) => {
+                let i = self.calls;
+                self.calls += 1;
+                let head = if self.x.wire.legacy_functions {
+                    json!({"function_call": {"name": name, "arguments": ""}})
+                } else {
+                    json!({"tool_calls": [{"index": i, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]})
+                };
+                let ev = self.chunk(head, None, None);
+                self.queue.push_back(ev);
+            }
+            Some(TurnEvent::ToolCallArgs { text }) => {
+                let i = self.calls.saturating_sub(1);
+                let part = if self.x.wire.legacy_functions {
+                    json!({"function_call": {"arguments": text}})
+                } else {
+                    json!({"tool_calls": [{"index": i, "function": {"arguments": text}}]})
+                };
+                let ev = self.chunk(part, None, None);
                 self.queue.push_back(ev);
             }
             Some(TurnEvent::ToolCall(c)) => {
