@@ -75,22 +75,13 @@ fn peers() -> Option<(PathBuf, PathBuf)> {
 
 const LLAMA_CPP: &str = r#"
 import json, sys
-import numpy as np
 from llama_cpp import Llama
 req = json.loads(sys.stdin.read())
 llm = Llama(model_path=req["gguf"], n_ctx=128, n_threads=2, verbose=False, logits_all=True)
 out = {"prompts": [], "vocab": []}
 for p in req["prompts"]:
     ids = llm.tokenize(p.encode(), add_bos=True, special=False)
-    llm.reset()
-    llm.eval(ids)
-    gen, top = [], []
-    for i in range(req["n"]):
-        logits = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
-        best = np.argsort(-logits, kind="stable")[: req["top"]]
-        top.append([[int(t), float(logits[t])] for t in best])
-        gen.append(int(best[0]))
-        llm.eval([int(best[0])])
+    gen, top = greedy(llm, ids, req["n"], req["top"])
     out["prompts"].append({"ids": ids, "greedy": gen, "top": top})
 for text in req["texts"]:
     out["vocab"].append(llm.tokenize(text.encode(), add_bos=False, special=False))

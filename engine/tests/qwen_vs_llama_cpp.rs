@@ -14,7 +14,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::{compare_greedy, run_python, GreedyReference, LLAMA_CPP_PLAIN};
-use perch_engine::chat::{ChatMessage, ChatOptions};
+use perch_engine::chat::ChatOptions;
 use perch_engine::gguf::import::{import, ImportOptions, Quantize, StoreDtype};
 use serde_json::{json, Value};
 
@@ -60,7 +60,6 @@ fn chats() -> Vec<(&'static str, Value, Vec<Value>)> {
 
 const LLAMA_CPP: &str = r#"
 import json, sys
-import numpy as np
 from llama_cpp import Llama
 sys.path.insert(0, sys.argv[1])
 from render_templates import environment
@@ -72,28 +71,19 @@ for chat in req["chats"]:
     text = template.render(messages=chat["messages"], tools=chat["tools"] or None,
                            add_generation_prompt=True, bos_token="", eos_token="<|im_end|>")
     ids = llm.tokenize(text.encode(), add_bos=False, special=True)
-    llm.reset()
-    llm.eval(ids)
-    gen, top = [], []
-    for i in range(req["n"]):
-        logits = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
-        best = np.argsort(-logits, kind="stable")[: req["top"]]
-        top.append([[int(t), float(logits[t])] for t in best])
-        gen.append(int(best[0]))
-        llm.eval([int(best[0])])
+    gen, top = greedy(llm, ids, req["n"], req["top"])
     out.append({"ids": ids, "greedy": gen, "top": top})
 print(json.dumps(out))
 "#;
 
 #[test]
 fn qwen_prompts_and_answers_match_llama_cpp() {
-    let gguf = root().join(".deps/qwen/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    let Some(gguf) = common::qwen_gguf() else { return };
     let python = root().join(".deps/venv/bin/python");
-    let ok = gguf.exists()
-        && std::process::Command::new(&python)
-            .args(["-c", "import llama_cpp, jinja2"])
-            .output()
-            .is_ok_and(|o| o.status.success());
+    let ok = std::process::Command::new(&python)
+        .args(["-c", "import llama_cpp, jinja2"])
+        .output()
+        .is_ok_and(|o| o.status.success());
     if !ok {
         assert!(
             std::env::var_os("CI").is_none(),
@@ -128,18 +118,7 @@ fn qwen_prompts_and_answers_match_llama_cpp() {
 
     let mut refs = Vec::new();
     for ((name, messages, tools), t) in chats.iter().zip(theirs.as_array().unwrap()) {
-        let msgs: Vec<ChatMessage> = messages
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| {
-                let mut m = m.clone();
-                if m["content"].is_null() {
-                    m["content"] = "".into();
-                }
-                serde_json::from_value(m).unwrap()
-            })
-            .collect();
+        let msgs = common::chat_messages(messages);
         let options = ChatOptions { tools: tools.clone(), ..Default::default() };
         let ours = model.tokenizer.encode_chat_with(&msgs, &options, "").unwrap();
         let ids: Vec<u32> = serde_json::from_value(t["ids"].clone()).unwrap();

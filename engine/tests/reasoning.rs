@@ -40,20 +40,8 @@ async fn thinking_goes_to_reasoning_content() {
 
     // Streamed: reasoning_content deltas that add up to the same text; no content but the
     // opening empty one.
-    let mut body = chat;
-    body["stream"] = json!(true);
-    let text = client()
-        .post(format!("{}/v1/chat/completions", server.url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
     let (mut streamed, mut content) = (String::new(), String::new());
-    for line in text.lines().filter_map(|l| l.strip_prefix("data: ")).filter(|d| *d != "[DONE]") {
-        let chunk: Value = serde_json::from_str(line).unwrap();
+    for chunk in stream_chunks(&server, "/v1/chat/completions", chat).await {
         let delta = &chunk["choices"][0]["delta"];
         streamed.push_str(delta["reasoning_content"].as_str().unwrap_or(""));
         content.push_str(delta["content"].as_str().unwrap_or(""));

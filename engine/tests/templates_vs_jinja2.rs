@@ -9,7 +9,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use perch_engine::chat::{ChatMessage, ChatOptions, ChatTemplate};
+mod common;
+
+use perch_engine::chat::{ChatOptions, ChatTemplate};
 use serde_json::Value;
 
 /// Pairs (template, conversation) that agreed when this test was written, of 560: 485
@@ -25,21 +27,6 @@ const AGREEING_AT_LEAST: usize = 531;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// What the API's parser hands the template: a null content is the empty string.
-fn messages(v: &Value) -> Vec<ChatMessage> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            let mut m = m.clone();
-            if m["content"].is_null() {
-                m["content"] = "".into();
-            }
-            serde_json::from_value(m).unwrap()
-        })
-        .collect()
 }
 
 #[test]
@@ -77,7 +64,7 @@ fn templates_render_as_jinja2_renders_them() {
                 tools: conv["tools"].as_array().cloned().unwrap_or_default(),
                 kwargs: conv["kwargs"].as_object().cloned().unwrap_or_default(),
             };
-            let ours = template.render(&messages(&conv["messages"]), true, &options);
+            let ours = template.render(&common::chat_messages(&conv["messages"]), true, &options);
             let theirs = convs.get(name).or_else(|| convs.get("__compile__")).unwrap();
             match (&ours, theirs.get("text").and_then(Value::as_str)) {
                 (Ok(a), Some(b)) if a == b => same += 1,

@@ -5,30 +5,12 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 use common::*;
 use perch_engine::gguf::import::{import, ImportOptions, Quantize, StoreDtype};
 use perch_engine::server::{ServeConfig, Server};
 use serde_json::{json, Value};
 
 const ID: &str = "qwen2.5-coder-0.5b-instruct";
-
-fn qwen_gguf() -> Option<PathBuf> {
-    let gguf = std::env::var_os("PERCH_QWEN_GGUF").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../.deps/qwen/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
-    });
-    if gguf.exists() {
-        return Some(gguf);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "CI must fetch the Qwen GGUF (scripts/fetch-qwen-gguf)"
-    );
-    eprintln!("SKIPPED: Qwen GGUF missing (run scripts/fetch-qwen-gguf)");
-    None
-}
 
 fn weather_tools() -> Value {
     json!([
@@ -85,25 +67,9 @@ async fn stream(
     server: &Server,
     body: Value,
 ) -> (Vec<String>, Vec<(String, String, usize)>, String) {
-    let mut body = body;
-    body["stream"] = json!(true);
-    let text = client()
-        .post(format!("{}/v1/chat/completions", server.url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
     let (mut content, mut calls, mut finish) =
         (vec![], Vec::<(String, String, usize)>::new(), String::new());
-    for line in text.lines() {
-        let Some(data) = line.strip_prefix("data: ") else { continue };
-        if data == "[DONE]" {
-            break;
-        }
-        let chunk: Value = serde_json::from_str(data).unwrap();
+    for chunk in stream_chunks(server, "/v1/chat/completions", body).await {
         let choice = &chunk["choices"][0];
         if let Some(c) = choice["delta"]["content"].as_str() {
             content.push(c.to_string());

@@ -4,6 +4,8 @@
 //! (templates that open it for the model) starts the answer in reasoning. Works on streamed
 //! text: a tail that may be the start of a marker is held back until it is known.
 
+use super::tools::partial_suffix;
+
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
 
@@ -109,16 +111,6 @@ fn emit(out: &mut Vec<Part>, part: Part) {
         Part::Reasoning(t) | Part::Content(t) if t.is_empty() => {}
         _ => out.push(part),
     }
-}
-
-/// The length of the longest tail of `text` that is a proper start of `marker`.
-fn partial_suffix(text: &str, marker: &str) -> usize {
-    (1..marker.len().min(text.len() + 1))
-        .rev()
-        .find(|&n| {
-            text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..])
-        })
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -403,8 +403,9 @@ fn push_content(out: &mut Vec<Piece>, text: &str, after_call: bool) {
     }
 }
 
-/// The length of the longest tail of `text` that is a proper start of `marker`.
-fn partial_suffix(text: &str, marker: &str) -> usize {
+/// The length of the longest tail of `text` that is a proper start of `marker` (held back
+/// while streaming: it may become the marker).
+pub(super) fn partial_suffix(text: &str, marker: &str) -> usize {
     (1..marker.len().min(text.len() + 1))
         .rev()
         .find(|&n| {

@@ -124,6 +124,40 @@ pub fn gemma_gguf() -> Option<PathBuf> {
     None
 }
 
+/// Where scripts/fetch-qwen-gguf puts the default model's GGUF (or `$PERCH_QWEN_GGUF`), if it
+/// is there; CI must have it.
+pub fn qwen_gguf() -> Option<PathBuf> {
+    let gguf = std::env::var_os("PERCH_QWEN_GGUF").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../.deps/qwen/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+    });
+    if gguf.exists() {
+        return Some(gguf);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI must fetch the Qwen GGUF (scripts/fetch-qwen-gguf)"
+    );
+    eprintln!("SKIPPED: Qwen GGUF missing (run scripts/fetch-qwen-gguf)");
+    None
+}
+
+/// OpenAI-style messages as the API's parser hands them to a template: a null content (an
+/// assistant turn that only calls tools) is the empty string.
+pub fn chat_messages(v: &serde_json::Value) -> Vec<perch_engine::chat::ChatMessage> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let mut m = m.clone();
+            if m["content"].is_null() {
+                m["content"] = "".into();
+            }
+            serde_json::from_value(m).unwrap()
+        })
+        .collect()
+}
+
 /// The default model's GGUF imported dequantized into `dir` (f32 storage is what
 /// `scripts/setup-default-model` installs on Linux), computing in f32.
 pub fn import_gemma(

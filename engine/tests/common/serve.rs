@@ -85,3 +85,23 @@ pub async fn post<B: Base + ?Sized>(to: &B, path: &str, body: Value) -> (u16, Va
 pub async fn get<B: Base + ?Sized>(to: &B, path: &str) -> (u16, Value) {
     call(to, Method::GET, path, None).await
 }
+
+/// `body` sent to `path` with `stream: true`: every SSE data chunk as JSON, `[DONE]` left out.
+pub async fn stream_chunks<B: Base + ?Sized>(to: &B, path: &str, body: Value) -> Vec<Value> {
+    let mut body = body;
+    body["stream"] = Value::Bool(true);
+    let text = client()
+        .post(format!("{}{path}", to.base()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
