@@ -5,6 +5,7 @@
 //! thread (`worker`).
 
 pub mod engine;
+pub mod event;
 pub mod foreground;
 pub mod gate;
 pub mod ladder;

@@ -4,11 +4,33 @@
 //! the grammar the answer is decoded against (a forced call, a `json_schema`).
 
 use super::engine::ModelInfo;
-use super::turn::{Prompt, ResponseFormat};
-use crate::chat::{call_schema, CallSplitter, ChatOptions, ThinkSplitter, Tool, ToolChoice};
+use crate::chat::{
+    call_schema, CallSplitter, ChatMessage, ChatOptions, ThinkSplitter, Tool, ToolChoice,
+};
 use crate::decode::constraint::{Constraint, GrammarError};
 use crate::decode::context_room;
 use crate::error::{EngineError, Result};
+
+/// What the model continues.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    /// Rendered with the model's chat template.
+    Messages(Vec<ChatMessage>),
+    /// Tokenized as is (with the model's start token).
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// The shape of the output.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum ResponseFormat {
+    #[default]
+    Text,
+    /// One JSON object (generation ends when it is complete).
+    JsonObject,
+    /// JSON valid against this schema, enforced by constrained decoding.
+    JsonSchema(serde_json::Value),
+}
 
 /// What the turn asked for, as far as the prompt and the output's shape go.
 pub(crate) struct Asked {

@@ -4,7 +4,7 @@
 
 use tokio::sync::mpsc;
 
-use super::turn::TurnEvent;
+use super::event::TurnEvent;
 use crate::chat::{CallSplitter, Part, Piece, ThinkSplitter};
 use crate::decode::TokenLogprob;
 

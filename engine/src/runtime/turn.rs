@@ -7,33 +7,23 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::engine::{Engine, ModelInfo};
+pub use super::event::{TurnEnd, TurnEvent, Usage};
 use super::model_ref::ModelRef;
 use super::observe::LastTurn;
 use super::prepare::{prepare, Asked, Prepared};
+pub use super::prepare::{Prompt, ResponseFormat};
 use super::split::Split;
 use super::{GateError, GatePermit, Lease, Policy, UserRequest};
-use crate::chat::{ChatMessage, Tool, ToolCall, ToolChoice};
+use crate::chat::{Tool, ToolChoice};
 use crate::decode::sampler::SamplingParams;
 use crate::decode::{
-    context_room, generate_streaming, DraftMode, FinishReason, GenerateParams, Generation,
-    TokenLogprob,
+    context_room, generate_streaming, DraftMode, GenerateParams, Generation, TokenLogprob,
 };
 use crate::error::{EngineError, Result};
 use crate::sync::LockExt;
-
-/// What the model continues.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Prompt {
-    /// Rendered with the model's chat template.
-    Messages(Vec<ChatMessage>),
-    /// Tokenized as is (with the model's start token).
-    Text(String),
-    Tokens(Vec<u32>),
-}
 
 /// Whether a turn uses draft tokens.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -43,17 +33,6 @@ pub enum DraftChoice {
     ModelDefault,
     Off,
     Use(DraftMode),
-}
-
-/// The shape of the output.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub enum ResponseFormat {
-    #[default]
-    Text,
-    /// One JSON object (generation ends when it is complete).
-    JsonObject,
-    /// JSON valid against this schema, enforced by constrained decoding.
-    JsonSchema(serde_json::Value),
 }
 
 /// One request, parsed: everything the runtime needs and nothing about its wire format.
@@ -98,51 +77,6 @@ impl Turn {
             template_kwargs: Default::default(),
         }
     }
-}
-
-/// What a running turn reports, in order: deltas, then one `End` or one `Failed`.
-#[derive(Debug)]
-pub enum TurnEvent {
-    /// New text, with the log-probabilities of the tokens it came from (when asked for).
-    Delta {
-        text: String,
-        logprobs: Vec<TokenLogprob>,
-    },
-    /// A call the model made (only when the turn offered tools); its text never appears in
-    /// a `Delta`.
-    ToolCall(ToolCall),
-    /// A call whose arguments follow in `ToolCallArgs` events, as they are generated.
-    ToolCallStart {
-        id: String,
-        name: String,
-    },
-    /// The next part of the last started call's arguments (JSON text).
-    ToolCallArgs {
-        text: String,
-    },
-    /// Reasoning text (a thinking model's `<think>` block); never in a `Delta`.
-    Reasoning {
-        text: String,
-    },
-    End(TurnEnd),
-    /// The generation failed after the turn started.
-    Failed(EngineError),
-}
-
-#[derive(Debug, Clone)]
-pub struct TurnEnd {
-    pub finish_reason: FinishReason,
-    pub usage: Usage,
-    /// Arrival to the first token.
-    pub ttft: Duration,
-    /// The whole generation: its text, tokens, timings and draft statistics.
-    pub generation: Generation,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Usage {
-    pub prompt_tokens: usize,
-    pub completion_tokens: usize,
 }
 
 /// What the observer of a turn's end sees (request logs, metrics), before the turn's client
