@@ -16,9 +16,10 @@ use serde_json::Value;
 
 /// Pairs (template, conversation) that agreed when this test was written, of 560: 485
 /// byte-identical and 46 refused by both. The 29 that differ, each named:
-/// - 23 render here where jinja2 raises: templates that iterate `tools` without checking it
-///   (None without tools: Hermes 2 Pro / 3, Command R+), iterate a null `content` (LFM2.5),
-///   or `tojson` a generator (llama.cpp's DeepSeek R1): minijinja iterates none as empty.
+/// - 20 render here where jinja2 raises: templates that iterate `tools` without checking it
+///   (None without tools: Hermes 2 Pro and 3, Command R+; 15), iterate a null `content`
+///   (LFM2.5; 2), or `tojson` a generator (llama.cpp's DeepSeek R1; 3): minijinja iterates
+///   none as empty and serializes the sequence.
 /// - 6 print a tool dict with `{{ tool }}` (Apriel): jinja2 writes Python's repr
 ///   (`{'type': …}`), minijinja JSON. Unsupported: Python's repr.
 /// - 3 (functionary v3.1) concatenate `"…"|safe + text`: markupsafe HTML-escapes the text
