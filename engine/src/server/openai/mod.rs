@@ -2,6 +2,7 @@
 //! into a turn (`request`), the exchange runs it, and its events are rendered back
 //! (`render`); nothing here touches the runtime otherwise.
 
+mod fields;
 mod render;
 pub mod request;
 mod tools;
