@@ -4,8 +4,14 @@
 
 use serde_json::{Map, Value};
 
-use super::request::Endpoint;
 use crate::server::error::ApiError;
+
+/// The endpoint a body is for: each has fields of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completion,
+}
 
 /// Fields Perch reads, per endpoint; anything else is refused by name rather than ignored.
 const COMMON_FIELDS: &[&str] = &[

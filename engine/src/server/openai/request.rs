@@ -3,17 +3,13 @@
 
 use serde_json::{Map, Value};
 
+use super::fields;
+pub use super::fields::Endpoint;
 use crate::chat::ChatMessage;
 use crate::config::SamplingDefaults;
 use crate::decode::sampler::SamplingParams;
 use crate::runtime::{ModelRef, Prompt, ResponseFormat, Turn};
 use crate::server::error::ApiError;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    Chat,
-    Completion,
-}
 
 /// A request body: the turn it asks for and how it wants the answer.
 #[derive(Debug, Clone)]
@@ -124,7 +120,7 @@ pub fn parse_with(
         .code("invalid_type"));
     };
     let b = Body(map);
-    super::fields::check(endpoint, map)?;
+    fields::check(endpoint, map)?;
     let model = match b.get("model") {
         Some(Value::String(s)) if !s.is_empty() => {
             s.parse::<ModelRef>().map_err(|e| ApiError::invalid("model", e.to_string()))?
