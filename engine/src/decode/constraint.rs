@@ -13,6 +13,9 @@ use serde_json::{json, Value};
 
 use crate::tokenizer::Tokenizer;
 
+/// Larger than any real vocabulary (the largest are ~260k tokens).
+const MAX_VOCAB: usize = 1 << 22;
+
 /// Per model: its vocabulary as llguidance sees it, built on first use (a trie over every
 /// token's bytes; ~0.1–0.5 s for a 150k vocabulary) and kept.
 #[derive(Default)]
@@ -42,9 +45,24 @@ impl Grammars {
                 let mut words = llguidance::token_bytes_from_tokenizer_json(&json)
                     .map_err(|e| format!("the vocabulary: {e}"))?;
                 // The embedding may have more rows than the tokenizer has tokens: those ids
-                // have no bytes and are never allowed.
+                // have no bytes and are never allowed. `vocab_size` comes from the model's
+                // config.json (untrusted, and read before any weight is): bounded before
+                // anything is allocated for it.
+                if vocab_size > MAX_VOCAB {
+                    return Err(format!(
+                        "a vocabulary of {vocab_size} tokens (at most {MAX_VOCAB})"
+                    ));
+                }
                 words.resize(vocab_size.max(words.len()), vec![]);
+                // A model's files are untrusted: an end id outside the vocabulary is refused
+                // here, not met as an out-of-range index while decoding.
                 let eos = tok.eos_ids().first().copied().unwrap_or(0);
+                if eos as usize >= words.len() {
+                    return Err(format!(
+                        "the end-of-sequence id {eos} is outside the vocabulary ({} tokens)",
+                        words.len()
+                    ));
+                }
                 let info = TokRxInfo::new(words.len() as u32, eos);
                 let env: TokEnv = Arc::new(ApproximateTokEnv::new(TokTrie::from(&info, &words)));
                 let mut f = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
@@ -135,7 +153,10 @@ pub struct Allowed {
 
 impl Allowed {
     pub fn contains(&self, id: u32) -> bool {
-        let may_end = self.eos.first().is_some_and(|&e| self.mask.is_allowed(e));
+        let may_end = self
+            .eos
+            .first()
+            .is_some_and(|&e| (e as usize) < self.mask.len() && self.mask.is_allowed(e));
         if self.eos.contains(&id) {
             return may_end;
         }

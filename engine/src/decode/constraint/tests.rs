@@ -68,3 +68,11 @@ fn what_cannot_be_enforced_is_refused_by_name() {
     let e = g.json_schema(&tok, 151_936, &json!({"$ref": "#/nowhere"})).unwrap_err();
     assert!(matches!(e, GrammarError::Schema(_)), "{e:?}");
 }
+
+#[test]
+fn a_vocabulary_size_from_a_hostile_config_is_refused_not_allocated() {
+    let e = Grammars::default()
+        .json_schema(&tokenizer(), 1 << 40, &json!({"type": "object"}))
+        .unwrap_err();
+    assert!(matches!(&e, GrammarError::Vocabulary(m) if m.contains("1099511627776")), "{e:?}");
+}
