@@ -1,6 +1,7 @@
 //! A turn's streamed text split as it arrives: reasoning (`<think>…</think>`) to its own
 //! events, then tool-call markup to calls, the rest to content deltas. Log-probabilities of
-//! text held back go out with the next content, so none is lost; reasoning carries none.
+//! content held back go out with the next content, so none is lost; those of reasoning are
+//! dropped with it (OpenAI's `logprobs.content` covers the answer only).
 
 use tokio::sync::mpsc;
 
@@ -41,6 +42,9 @@ impl Split {
             match part {
                 Part::Reasoning(text) => {
                     self.flush(tx, std::mem::take(&mut pieces));
+                    // Granularity is a piece of text, not a token: a piece that ends the
+                    // reasoning and starts the answer counts as reasoning here.
+                    self.logprobs.clear();
                     let _ = tx.send(TurnEvent::Reasoning { text });
                 }
                 Part::Content(text) => match &mut self.calls {
