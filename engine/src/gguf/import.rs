@@ -64,25 +64,34 @@ pub fn import(gguf_path: &Path, models_dir: &Path, opts: &ImportOptions) -> Resu
             target.display()
         ))
     };
-    for attempt in 0.. {
+    // Concurrent imports of one name race here; each lost round is retried, a bounded number
+    // of times.
+    const ROUNDS: usize = 32;
+    for attempt in 0..ROUNDS {
+        let last = attempt + 1 == ROUNDS;
         if target.exists() {
             if !opts.overwrite {
                 return Err(exists());
             }
             match std::fs::remove_dir_all(&target) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(EngineError::io(&target)(e))
-                }
-                _ => {}
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                // Another import renamed its folder in while this one removed the old one
+                // ("Directory not empty"; what was removed was the old folder, by its
+                // handle): go round again.
+                Err(_) if !last => continue,
+                Err(e) => return Err(EngineError::io(&target)(e)),
             }
         }
         match std::fs::rename(&tmp.0, &target) {
-            Ok(()) => break,
-            Err(_) if target.exists() && attempt < 8 => continue,
+            Ok(()) => return Ok(target),
+            // The target was filled meanwhile (it may be gone again by now): go round again;
+            // the next round sees what is there.
+            Err(_) if !last => continue,
             Err(e) => return Err(EngineError::io(&target)(e)),
         }
     }
-    Ok(target)
+    Err(exists())
 }
 
 /// Temp folders of imports whose process is gone (killed, or the machine lost power): their
