@@ -309,6 +309,12 @@ async function send(text) {
       throw new ApiError("Cannot reach the Perch engine. Is it running?", 0, "unreachable");
     });
     if (!resp.ok) throw await failure(resp);
+    // A long prompt takes a while before its first token: say what is happening.
+    const promptTokens = Number(resp.headers.get("x-perch-prompt-tokens") || 0);
+    if (promptTokens >= 1000) {
+      body.textContent = `Reading ${promptTokens.toLocaleString("en-US")} tokens…`;
+      body.classList.add("loading");
+    }
     const reader = resp.body.getReader();
     const decoder = new TextDecoder();
     let buf = "";
@@ -361,7 +367,9 @@ async function send(text) {
     const secs = (performance.now() - (firstAt ?? started)) / 1000;
     const tokens = usage ? usage.completion_tokens : null;
     const rate = tokens && secs > 0 ? ` · ${(tokens / secs).toFixed(1)} tok/s` : "";
-    answer.stats = stopped ? "stopped" + (answer.content || answer.reasoning ? "" : " before the first token") : `${tokens ?? "?"} tokens${rate}`;
+    const cached = usage && usage.prompt_tokens_details ? usage.prompt_tokens_details.cached_tokens : 0;
+    const reused = cached ? ` · ${cached.toLocaleString("en-US")} prompt tokens reused` : "";
+    answer.stats = stopped ? "stopped" + (answer.content || answer.reasoning ? "" : " before the first token") : `${tokens ?? "?"} tokens${rate}${reused}`;
   }
   save();
   renderChat();

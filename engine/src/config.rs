@@ -85,6 +85,12 @@ pub struct Settings {
     pub scan_hf_cache: bool,
     /// Where model downloads come from (empty: `$HF_ENDPOINT`, else huggingface.co).
     pub hub_endpoint: String,
+    /// Prefix cache in memory, in MiB (0: off): earlier turns' keys and values, reused by
+    /// requests that start with the same tokens.
+    pub prefix_cache_mb: u64,
+    /// Prefix cache on disk (the platform cache directory), in MiB (0: off); it survives
+    /// restarts.
+    pub prefix_cache_disk_mb: u64,
     pub sampling: SamplingDefaults,
 }
 
@@ -109,6 +115,8 @@ impl Default for Settings {
             launch_at_login: false,
             scan_hf_cache: true,
             hub_endpoint: String::new(),
+            prefix_cache_mb: 2048,
+            prefix_cache_disk_mb: 8192,
             sampling: SamplingDefaults::default(),
         }
     }
@@ -315,6 +323,14 @@ impl Settings {
                 ),
             ));
         }
+        for (field, mb) in [
+            ("prefix_cache_mb", self.prefix_cache_mb),
+            ("prefix_cache_disk_mb", self.prefix_cache_disk_mb),
+        ] {
+            if mb > 1 << 20 {
+                return Err(invalid(field, format!("must be 0 to 1048576 MiB, not {mb}")));
+            }
+        }
         if self.port != 0 && self.port < 1024 {
             return Err(invalid(
                 "port",
@@ -429,6 +445,11 @@ impl Settings {
             warmup_deadline: Duration::from_secs_f64(self.warmup_deadline_s),
             context_length: (self.context_length > 0).then_some(self.context_length),
             ladder,
+            prefix_cache: crate::prefix_cache::PrefixCacheConfig {
+                ram_bytes: (self.prefix_cache_mb << 20) as usize,
+                disk_bytes: self.prefix_cache_disk_mb << 20,
+                disk_dir: Some(crate::paths::prefix_cache_dir()),
+            },
             ..EngineConfig::default()
         }
     }

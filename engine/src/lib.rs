@@ -14,6 +14,7 @@ pub mod gguf;
 pub mod model;
 pub mod paths;
 pub mod platform;
+pub mod prefix_cache;
 pub mod runtime;
 pub mod server;
 pub mod supervisor;

@@ -120,6 +120,15 @@ enum Command {
         /// Skip the load-time MTP warmup.
         #[arg(long)]
         no_load_warmup: bool,
+        /// Prefix cache in memory, MiB (0: off).
+        #[arg(long, default_value_t = 2048)]
+        prefix_cache_mb: u64,
+        /// Prefix cache on disk, MiB (0: off); it survives restarts.
+        #[arg(long, default_value_t = 8192)]
+        prefix_cache_disk_mb: u64,
+        /// Where the disk tier lives (default: the platform cache directory's `prefix`).
+        #[arg(long)]
+        prefix_cache_dir: Option<PathBuf>,
     },
     /// Import a GGUF file as an installed model (MLX layout).
     Import {
@@ -348,6 +357,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             ladder_max_interruptions,
             warmup_deadline,
             no_load_warmup,
+            prefix_cache_mb,
+            prefix_cache_disk_mb,
+            prefix_cache_dir,
         } => {
             use perch_engine::runtime::{Engine, EngineConfig};
             use perch_engine::server::{ServeConfig, Server};
@@ -383,6 +395,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             config.ladder.chunk = ladder_chunk;
             config.ladder.max_interruptions = ladder_max_interruptions;
+            config.prefix_cache = perch_engine::prefix_cache::PrefixCacheConfig {
+                ram_bytes: usize::try_from(prefix_cache_mb << 20)?,
+                disk_bytes: prefix_cache_disk_mb << 20,
+                disk_dir: Some(
+                    prefix_cache_dir.unwrap_or_else(perch_engine::paths::prefix_cache_dir),
+                ),
+            };
             let engine = Engine::start(config)?;
             let log_dir = match log_dir.as_deref() {
                 Some("none") => None,

@@ -30,3 +30,15 @@ pub fn log_dir() -> PathBuf {
         .map(|d| d.cache_dir().join("logs"))
         .unwrap_or_else(|| PathBuf::from(".perch/logs"))
 }
+
+/// Where the prefix cache keeps states across restarts: `$PERCH_CACHE_DIR/prefix`, else the
+/// platform cache directory's (`~/Library/Caches/dev.Perch.Perch/prefix` on macOS,
+/// `~/.cache/perch/prefix` on Linux).
+pub fn prefix_cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PERCH_CACHE_DIR") {
+        return PathBuf::from(dir).join("prefix");
+    }
+    directories::ProjectDirs::from("dev", "Perch", "Perch")
+        .map(|d| d.cache_dir().join("prefix"))
+        .unwrap_or_else(|| PathBuf::from(".perch/cache/prefix"))
+}

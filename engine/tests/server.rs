@@ -59,7 +59,7 @@ async fn chat_matches_the_engine_and_streams_in_openai_shape() {
     assert_eq!(body["choices"][0]["finish_reason"], "length");
     assert_eq!(
         body["usage"],
-        json!({"prompt_tokens": ids.len(), "completion_tokens": 12, "total_tokens": ids.len() + 12})
+        json!({"prompt_tokens": ids.len(), "completion_tokens": 12, "total_tokens": ids.len() + 12, "prompt_tokens_details": {"cached_tokens": 0}})
     );
 
     let r = client()

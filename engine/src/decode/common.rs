@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::sampler::{Sampler, SamplingParams};
 use crate::error::{EngineError, Result};
-use crate::model::kv_cache::{KvCache, SLIDING_SLACK};
+use crate::model::kv_cache::{KvCache, KvState, SLIDING_SLACK};
 use crate::model::LoadedModel;
 use crate::tokenizer::StreamDecoder;
 
@@ -90,6 +90,8 @@ pub struct Generation {
     /// When the last token was produced (on the thread that ran the model).
     #[serde(skip)]
     pub finished_at: Instant,
+    /// Prompt tokens whose keys and values came from the prefix cache (not prefilled).
+    pub cached_tokens: usize,
 }
 
 /// A generated token's log-probability under the model (log-softmax of its logits, before
@@ -245,22 +247,93 @@ pub(crate) struct Request<'a> {
 }
 
 /// What every decoding loop starts from: the request checked, the clock started, a sampler
-/// and empty caches.
+/// and the caches: empty, or holding the prompt's first `reused` tokens (a prefix-cache hit).
 pub(crate) struct Begin {
     pub max_tokens: usize,
     pub start: Instant,
     pub sampler: Sampler,
-    pub caches: Vec<crate::model::kv_cache::KvCache>,
+    pub caches: Vec<KvCache>,
+    /// The MTP head's cache (MTP drafting only), holding `reused` pairs.
+    pub mtp: Option<KvCache>,
+    /// Prompt tokens the caches already hold; prefill starts after them.
+    pub reused: usize,
 }
 
-pub(crate) fn begin(req: &Request<'_>) -> Result<Begin> {
+pub(crate) fn begin(req: &Request<'_>, from: Option<KvState>) -> Result<Begin> {
     let max_tokens = check_request(req.model, req.prompt, req.params)?;
+    let mtp_mode = matches!(req.params.draft, DraftMode::Mtp { .. }) && req.model.mtp.is_some();
+    let fresh = req.model.net.new_caches();
+    // A state that does not hold exactly a proper prefix of this prompt (in every layer, and
+    // in the MTP head when it drafts) is not used: decoding from it would be wrong.
+    let usable = |s: &KvState| {
+        let n = s.len();
+        n > 0
+            && n < req.prompt.len()
+            && s.tokens[..] == req.prompt[..n]
+            && s.layers.len() == fresh.len()
+            && s.layers.iter().all(|c| c.offset() as usize == n)
+            && (!mtp_mode || s.mtp.as_ref().is_some_and(|m| m.offset() as usize == n))
+    };
+    let (caches, mtp, reused) = match from.filter(usable) {
+        Some(s) => {
+            let n = s.len();
+            (s.layers, s.mtp.filter(|_| mtp_mode), n)
+        }
+        None => (fresh, mtp_mode.then(KvCache::new), 0),
+    };
     Ok(Begin {
         max_tokens,
         start: Instant::now(),
         sampler: Sampler::new(req.params.sampling.clone(), req.model.vocab_size, req.prompt)?,
-        caches: req.model.net.new_caches(),
+        caches,
+        mtp,
+        reused,
     })
+}
+
+/// A decoding loop's end: the generation and the caches it leaves (none when it was
+/// cancelled before its first token).
+pub(crate) struct Ended {
+    pub generation: Generation,
+    pub caches: Vec<KvCache>,
+    /// The MTP head's cache with only confirmed pairs in it.
+    pub mtp: Option<KvCache>,
+}
+
+impl Ended {
+    /// `reused`: prompt tokens the caches held at the start (`Begin::reused`).
+    pub fn new(
+        mut generation: Generation,
+        caches: Vec<KvCache>,
+        mtp: Option<KvCache>,
+        reused: usize,
+    ) -> Ended {
+        generation.cached_tokens = reused;
+        Ended { generation, caches, mtp }
+    }
+
+    /// What the caches hold, as a state the next generation can start from: the prompt and
+    /// the generated tokens they saw (a token sampled but never fed is not in it; one fed
+    /// but not output, such as end-of-sequence, is cut off). `None` when nothing is usable.
+    pub fn into_state(self, prompt: &[u32]) -> (Generation, Option<KvState>) {
+        let Ended { generation, mut caches, mtp } = self;
+        let held = caches.first().map_or(0, |c| c.offset() as usize);
+        let n = held.min(prompt.len() + generation.tokens.len());
+        let cut = (held - n) as i32;
+        let trimmed = caches.iter_mut().all(|c| c.offset() as usize == held && c.trim(cut) == cut);
+        if n == 0 || !trimmed {
+            return (generation, None);
+        }
+        let mut tokens = Vec::with_capacity(n);
+        tokens.extend_from_slice(&prompt[..n.min(prompt.len())]);
+        tokens.extend_from_slice(&generation.tokens[..n - tokens.len()]);
+        // MTP pair p needs token p + 1: at most n - 1 pairs.
+        let mtp = mtp.and_then(|mut m| {
+            let extra = m.offset() - (n as i32 - 1);
+            (extra <= 0 || m.trim(extra) == extra).then_some(m)
+        });
+        (generation, Some(KvState { tokens, layers: caches, mtp }))
+    }
 }
 
 /// Prefill `ids` in chunks, evaluating only the caches (the logits of these positions are
@@ -436,6 +509,7 @@ impl<'a> Output<'a> {
             draft,
             logprobs: self.logprobs,
             finished_at: Instant::now(),
+            cached_tokens: 0,
         })
     }
 }
@@ -455,6 +529,7 @@ pub(crate) fn cancelled_early(prompt_tokens: usize, start: Instant) -> Generatio
         draft: None,
         logprobs: vec![],
         finished_at: Instant::now(),
+        cached_tokens: 0,
     }
 }
 

@@ -8,25 +8,27 @@ use mlx_rs::transforms::async_eval;
 use mlx_rs::Array;
 
 use super::common::{
-    begin, cancelled_early, host_u32, prefill, token_array, Begin, DraftMode, GenerateParams,
-    Generation, Output, Request, TokenLogprob,
+    begin, cancelled_early, host_u32, prefill, token_array, Begin, DraftMode, Ended,
+    GenerateParams, Generation, Output, Request, TokenLogprob,
 };
 use crate::error::Result;
-use crate::model::kv_cache::KvCache;
+use crate::model::kv_cache::{KvCache, KvState};
 use crate::model::LoadedModel;
 
 /// Plain decoding, with the next step queued (async_eval) while the host reads the current
 /// token.
 fn generate_plain(
     req: Request<'_>,
+    from: Option<KvState>,
     on_piece: &mut dyn FnMut(&str, &[TokenLogprob]),
-) -> Result<Generation> {
-    let Begin { max_tokens, start, mut sampler, mut caches } = begin(&req)?;
+) -> Result<Ended> {
+    let Begin { max_tokens, start, mut sampler, mut caches, reused, .. } = begin(&req, from)?;
     let Request { model, prompt, params, cancel } = req;
 
     let last = prompt[prompt.len() - 1];
-    if !prefill(model, &prompt[..prompt.len() - 1], params.prefill_chunk, &mut caches, cancel)? {
-        return Ok(cancelled_early(prompt.len(), start));
+    let head = &prompt[reused..prompt.len() - 1];
+    if !prefill(model, head, params.prefill_chunk, &mut caches, cancel)? {
+        return Ok(Ended::new(cancelled_early(prompt.len(), start), vec![], None, reused));
     }
 
     let mut step = |input: &Array, caches: &mut [KvCache]| -> Result<Array> {
@@ -60,7 +62,7 @@ fn generate_plain(
     if let Some(pending) = queued.take() {
         pending.eval()?;
     }
-    out.finish(prompt.len(), start, None)
+    Ok(Ended::new(out.finish(prompt.len(), start, None)?, caches, None, reused))
 }
 
 /// Generate from `prompt` token ids. `on_text` receives each new piece of text as soon as it
@@ -85,14 +87,30 @@ pub fn generate_streaming(
     prompt: &[u32],
     params: &GenerateParams,
     cancel: Option<&AtomicBool>,
-    mut on_piece: impl FnMut(&str, &[TokenLogprob]),
+    on_piece: impl FnMut(&str, &[TokenLogprob]),
 ) -> Result<Generation> {
+    Ok(generate_from(model, prompt, params, cancel, None, on_piece)?.0)
+}
+
+/// `generate_streaming`, starting from `from` when it holds a proper prefix of `prompt` (a
+/// prefix-cache hit: only the rest is prefilled; `Generation::cached_tokens` says how much
+/// was not), and returning what the caches hold at the end for the next generation.
+pub fn generate_from(
+    model: &LoadedModel,
+    prompt: &[u32],
+    params: &GenerateParams,
+    cancel: Option<&AtomicBool>,
+    from: Option<KvState>,
+    mut on_piece: impl FnMut(&str, &[TokenLogprob]),
+) -> Result<(Generation, Option<KvState>)> {
     let req = Request { model, prompt, params, cancel };
-    if params.logprobs.is_some() || params.json_mode || params.constraint.is_some() {
-        return super::guided::generate(req, &mut on_piece);
-    }
-    match params.draft {
-        DraftMode::None => generate_plain(req, &mut on_piece),
-        _ => super::speculative::generate(req, &mut on_piece),
-    }
+    let ended = if params.logprobs.is_some() || params.json_mode || params.constraint.is_some() {
+        super::guided::generate(req, from, &mut on_piece)?
+    } else {
+        match params.draft {
+            DraftMode::None => generate_plain(req, from, &mut on_piece)?,
+            _ => super::speculative::generate(req, from, &mut on_piece)?,
+        }
+    };
+    Ok(ended.into_state(prompt))
 }

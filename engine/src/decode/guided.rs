@@ -7,11 +7,12 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::eval;
 
 use super::common::{
-    begin, cancelled_early, host_u32, prefill, token_array, Begin, Generation, Output, Request,
+    begin, cancelled_early, host_u32, prefill, token_array, Begin, Ended, Output, Request,
     TokenLogprob, TopLogprob,
 };
 use super::json_prefix::JsonPrefix;
 use crate::error::{EngineError, Result};
+use crate::model::kv_cache::KvState;
 use crate::model::LoadedModel;
 
 /// Candidates checked against the constraint before the rest of the vocabulary is sorted.
@@ -19,12 +20,14 @@ const CANDIDATES: usize = 64;
 
 pub(crate) fn generate(
     req: Request<'_>,
+    from: Option<KvState>,
     on_piece: &mut dyn FnMut(&str, &[TokenLogprob]),
-) -> Result<Generation> {
-    let Begin { max_tokens, start, mut sampler, mut caches } = begin(&req)?;
+) -> Result<Ended> {
+    let Begin { max_tokens, start, mut sampler, mut caches, reused, .. } = begin(&req, from)?;
     let Request { model, prompt, params, cancel } = req;
-    if !prefill(model, &prompt[..prompt.len() - 1], params.prefill_chunk, &mut caches, cancel)? {
-        return Ok(cancelled_early(prompt.len(), start));
+    let head = &prompt[reused..prompt.len() - 1];
+    if !prefill(model, head, params.prefill_chunk, &mut caches, cancel)? {
+        return Ok(Ended::new(cancelled_early(prompt.len(), start), vec![], None, reused));
     }
     let mut grammar = params.constraint.clone();
     let json_mode = params.json_mode && grammar.is_none();
@@ -112,7 +115,7 @@ pub(crate) fn generate(
         }
         input = id;
     }
-    out.finish(prompt.len(), start, None)
+    Ok(Ended::new(out.finish(prompt.len(), start, None)?, caches, None, reused))
 }
 
 fn token_logprob(model: &LoadedModel, logits: &[f32], id: u32, top: usize) -> Result<TokenLogprob> {

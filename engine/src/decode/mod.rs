@@ -15,4 +15,4 @@ pub use common::{
     context_room, AdapterRef, DraftMode, DraftStats, FinishReason, GenerateParams, Generation,
     StopMatcher, TokenLogprob, TopLogprob,
 };
-pub use generate::{generate, generate_streaming};
+pub use generate::{generate, generate_from, generate_streaming};

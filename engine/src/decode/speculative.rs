@@ -18,12 +18,12 @@ use mlx_rs::transforms::eval;
 use mlx_rs::{random, Array};
 
 use super::common::{
-    begin, cancelled_early, token_array, Begin, DraftMode, DraftStats, Generation, Output, Request,
+    begin, cancelled_early, token_array, Begin, DraftMode, DraftStats, Ended, Output, Request,
     TokenLogprob,
 };
 use super::sampler::Sampler;
 use crate::error::{EngineError, Result};
-use crate::model::kv_cache::KvCache;
+use crate::model::kv_cache::{KvCache, KvState};
 use crate::model::mtp::MtpHead;
 use crate::model::LoadedModel;
 
@@ -219,15 +219,16 @@ pub fn lookup_draft(history: &[u32], min_ngram: usize, max_ngram: usize, limit: 
 /// Speculative decoding; called by `generate::generate` when `params.draft` is not `None`.
 pub(crate) fn generate(
     req: Request<'_>,
+    from: Option<KvState>,
     on_piece: &mut dyn FnMut(&str, &[TokenLogprob]),
-) -> Result<Generation> {
+) -> Result<Ended> {
     req.params.draft.validate(req.model)?;
-    let Begin { max_tokens, start, mut sampler, mut caches } = begin(&req)?;
+    let Begin { max_tokens, start, mut sampler, mut caches, mtp, reused } = begin(&req, from)?;
     let Request { model, prompt, params, cancel } = req;
     let vocab_ids = ops::arange::<_, i32>(None, model.vocab_size as i32, None)?;
-    let mut mtp = match (&params.draft, &model.mtp) {
-        (DraftMode::Mtp { depth }, Some(head)) => {
-            Some(MtpDrafter { head, cache: KvCache::new(), depth: *depth, chained: 0 })
+    let mut mtp = match (&params.draft, &model.mtp, mtp) {
+        (DraftMode::Mtp { depth }, Some(head), Some(cache)) => {
+            Some(MtpDrafter { head, cache, depth: *depth, chained: 0 })
         }
         _ => None,
     };
@@ -237,17 +238,19 @@ pub(crate) fn generate(
         ..Default::default()
     };
 
-    // Prefill all but the last prompt token; the MTP head sees each (hidden, next token) pair.
-    let (head, last) = prompt.split_at(prompt.len() - 1);
+    // Prefill all but the last prompt token (after those the caches hold already); the MTP
+    // head sees each (hidden, next token) pair.
+    let last = &prompt[prompt.len() - 1..];
+    let head = &prompt[reused..prompt.len() - 1];
     let chunk = params.prefill_chunk.max(1);
     for (c, ids) in head.chunks(chunk).enumerate() {
         if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
-            return Ok(cancelled_early(prompt.len(), start));
+            return Ok(Ended::new(cancelled_early(prompt.len(), start), vec![], None, reused));
         }
         let hidden = model.hidden(&token_array(ids), &mut caches)?;
         let mut state: Vec<&Array> = caches.iter().flat_map(|c| c.state()).collect();
         if let Some(m) = &mut mtp {
-            let from = c * chunk + 1;
+            let from = reused + c * chunk + 1;
             m.head.forward(
                 model.net.as_ref(),
                 &hidden,
@@ -344,7 +347,10 @@ pub(crate) fn generate(
         };
         y = next;
     }
-    out.finish(prompt.len(), start, Some(stats))
+    let generation = out.finish(prompt.len(), start, Some(stats))?;
+    // Only the MTP head's confirmed pairs are worth keeping.
+    let mtp = mtp.and_then(|mut m| (m.cache.trim(m.chained) == m.chained).then_some(m.cache));
+    Ok(Ended::new(generation, caches, mtp, reused))
 }
 
 #[cfg(test)]

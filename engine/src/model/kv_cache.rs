@@ -23,7 +23,9 @@ pub enum AttentionMask {
 }
 
 /// Keys and values of shape [B, kv_heads, capacity, head_dim]; `offset` positions are valid.
-#[derive(Default)]
+/// Cloning shares the buffers: MLX copies a shared buffer on its next write, so a clone
+/// never sees the other's later positions.
+#[derive(Default, Clone)]
 pub struct KvCache {
     keys: Option<Array>,
     values: Option<Array>,
@@ -186,6 +188,44 @@ impl KvCache {
         n
     }
 
+    /// Whether `trim(n)` would forget all `n` positions.
+    pub fn can_trim(&self, n: i32) -> bool {
+        if n < 0 || n > self.offset {
+            return false;
+        }
+        match self.window {
+            Some(w) => self.stored - n >= (self.offset - n).min(w),
+            None => true,
+        }
+    }
+
+    /// Sliding window, if this is a ring (its size, slack included, and what it holds), for
+    /// saving and restoring a cache exactly.
+    pub fn ring(&self) -> Option<(i32, i32)> {
+        self.window.map(|w| (w, self.stored))
+    }
+
+    /// The buffers and counters, for saving (`None` buffers: nothing was ever written).
+    pub fn parts(&self) -> (Option<&Array>, Option<&Array>, i32) {
+        (self.keys.as_ref(), self.values.as_ref(), self.offset)
+    }
+
+    /// A cache from saved parts (see `parts` and `ring`); the caller checked the shapes.
+    pub fn from_parts(
+        keys: Array,
+        values: Array,
+        offset: i32,
+        ring: Option<(i32, i32)>,
+    ) -> KvCache {
+        KvCache {
+            keys: Some(keys),
+            values: Some(values),
+            offset,
+            window: ring.map(|r| r.0),
+            stored: ring.map_or(0, |r| r.1),
+        }
+    }
+
     /// Arrays to evaluate so the cache holds computed data (used between prefill chunks).
     pub fn state(&self) -> Vec<&Array> {
         self.keys.iter().chain(self.values.iter()).collect()
@@ -194,6 +234,60 @@ impl KvCache {
     /// Bytes held by the buffers.
     pub fn nbytes(&self) -> usize {
         self.state().iter().map(|a| a.nbytes()).sum()
+    }
+}
+
+/// A model's caches and the tokens they hold, position by position: what a generation may
+/// start from, and what it leaves behind for the next (the prefix cache keeps these).
+#[derive(Clone, Default)]
+pub struct KvState {
+    pub tokens: Vec<u32>,
+    /// One per layer, each holding exactly `tokens.len()` positions.
+    pub layers: Vec<KvCache>,
+    /// The MTP head's cache, when the generation drafted with it. Its position p pairs the
+    /// main model's hidden state at p with token p + 1, so it holds at most
+    /// `tokens.len() - 1` positions: `mtp.offset()` of them are valid.
+    pub mtp: Option<KvCache>,
+}
+
+impl KvState {
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Whether every layer can be cut back to its first `n` positions.
+    pub fn can_truncate(&self, n: usize) -> bool {
+        let cut = self.tokens.len().saturating_sub(n) as i32;
+        n <= self.tokens.len() && self.layers.iter().all(|c| c.can_trim(cut))
+    }
+
+    /// Cut back to the first `n` tokens (the MTP cache to at most `n` pairs); false, and
+    /// nothing changed, if a layer cannot.
+    pub fn truncate(&mut self, n: usize) -> bool {
+        if !self.can_truncate(n) {
+            return false;
+        }
+        let cut = (self.tokens.len() - n) as i32;
+        for c in &mut self.layers {
+            c.trim(cut);
+        }
+        self.tokens.truncate(n);
+        if let Some(m) = &mut self.mtp {
+            let extra = m.offset() - n as i32;
+            if extra > 0 && m.trim(extra) != extra {
+                self.mtp = None;
+            }
+        }
+        true
+    }
+
+    /// Bytes held by the buffers (shared with clones).
+    pub fn nbytes(&self) -> usize {
+        self.layers.iter().chain(self.mtp.iter()).map(|c| c.nbytes()).sum()
     }
 }
 

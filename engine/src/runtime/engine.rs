@@ -20,6 +20,7 @@ use crate::decode::{AdapterRef, DraftMode};
 use crate::error::{EngineError, Result};
 use crate::model::{load_model_as, LoadedModel, ModelConfig};
 use crate::platform::ComputeDtype;
+use crate::prefix_cache::{PrefixCacheConfig, PrefixStats};
 use crate::sync::{LockExt, RwLockExt};
 use crate::tokenizer::Tokenizer;
 
@@ -68,6 +69,8 @@ pub struct EngineConfig {
     pub load_warmup: bool,
     pub warmup_deadline: Duration,
     pub ladder: LadderConfig,
+    /// The prefix cache's tiers (docs/prefix-cache.md).
+    pub prefix_cache: PrefixCacheConfig,
 }
 
 impl EngineConfig {
@@ -95,6 +98,7 @@ impl Default for EngineConfig {
             load_warmup: true,
             warmup_deadline: Duration::from_secs(30),
             ladder: LadderConfig::default(),
+            prefix_cache: PrefixCacheConfig::default(),
         }
     }
 }
@@ -161,6 +165,8 @@ pub struct Engine {
     pub started: Instant,
     /// Loads every model and runs every generation, warmup and training window.
     pub mlx: MlxThread,
+    /// What the prefix cache (on the MLX thread) has done and holds.
+    pub prefix: Arc<PrefixStats>,
     /// Least recently used first.
     resident: Mutex<Vec<Resident>>,
     known: Mutex<HashMap<String, ModelInfo>>,
@@ -190,12 +196,14 @@ impl Engine {
                 (dir, id)
             }
         };
+        let prefix = Arc::new(PrefixStats::default());
         let engine = Engine {
             gate: Arc::new(Gate::new(config.max_queue)),
             foreground: Arc::new(Foreground::new()),
             leases: Leases::new(),
             started: Instant::now(),
-            mlx: MlxThread::start()?,
+            mlx: MlxThread::start(config.prefix_cache.clone(), prefix.clone())?,
+            prefix,
             resident: Mutex::new(Vec::new()),
             known: Mutex::new(HashMap::new()),
             load_lock: tokio::sync::Mutex::new(()),

@@ -52,4 +52,6 @@ pub struct TurnEnd {
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens the prefix cache supplied (counted in `prompt_tokens` too).
+    pub cached_tokens: usize,
 }

@@ -20,9 +20,10 @@ use super::{GateError, GatePermit, Lease, Policy, UserRequest};
 use crate::chat::{Tool, ToolChoice};
 use crate::decode::sampler::SamplingParams;
 use crate::decode::{
-    context_room, generate_streaming, DraftMode, GenerateParams, Generation, TokenLogprob,
+    context_room, generate_from, DraftMode, GenerateParams, Generation, TokenLogprob,
 };
 use crate::error::{EngineError, Result};
+use crate::prefix_cache::CacheKey;
 use crate::sync::LockExt;
 
 /// Whether a turn uses draft tokens.
@@ -340,7 +341,11 @@ impl Running {
         let _ = tx.send(match result {
             Ok(g) => TurnEvent::End(TurnEnd {
                 finish_reason: g.finish_reason,
-                usage: Usage { prompt_tokens: prompt.len(), completion_tokens: g.tokens.len() },
+                usage: Usage {
+                    prompt_tokens: prompt.len(),
+                    completion_tokens: g.tokens.len(),
+                    cached_tokens: g.cached_tokens,
+                },
                 ttft: ttft.unwrap_or_default(),
                 generation: g,
             }),
@@ -368,11 +373,19 @@ fn generate(
     // The turn starts before the MLX thread takes it: a window running now delays it.
     let mark = engine.observer().map(|o| o.turn_begin());
     let g = engine.mlx.run(move |w| {
+        let model = w.model(&owned)?;
+        let key = CacheKey::of(model, params.adapter.as_ref().map(|a| a.dir.as_path()));
+        let mtp = matches!(params.draft, DraftMode::Mtp { .. }) && model.mtp.is_some();
+        let from = w.prefix.lookup(&key, &prompt, mtp);
         let model = w.attach(&owned, params.adapter.as_ref())?;
         // The adapter applies to this generation only; background work never sees it.
-        let g = generate_streaming(model, &prompt, &params, Some(&cancel), &mut on_piece);
+        let g = generate_from(model, &prompt, &params, Some(&cancel), from, &mut on_piece);
         model.adapter = None;
-        g
+        let (g, state) = g?;
+        if let Some(state) = state {
+            w.prefix.store(key, state);
+        }
+        Ok(g)
     })?;
     if let Some(mark) = mark {
         mark.finish(g.tokens.len().saturating_sub(1), g.ttft, g.finished_at);

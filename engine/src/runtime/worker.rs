@@ -23,6 +23,7 @@ use crate::error::{EngineError, Result};
 use crate::model::kv_cache::KvCache;
 use crate::model::lora::Lora;
 use crate::model::LoadedModel;
+use crate::prefix_cache::{PrefixCache, PrefixCacheConfig, PrefixStats};
 use crate::sync::LockExt;
 
 /// What the MLX thread owns.
@@ -35,6 +36,8 @@ pub struct Worker {
     pub job_state: Option<Box<dyn Any>>,
     /// Adapters loaded for serving, by directory, with the file time they were read at.
     adapters: HashMap<PathBuf, (Option<SystemTime>, Lora)>,
+    /// KV states of earlier user turns, for the next ones to start from.
+    pub prefix: PrefixCache,
 }
 
 impl Worker {
@@ -63,6 +66,7 @@ impl Worker {
     pub(crate) fn unload(&mut self, id: &str) {
         self.models.remove(id);
         self.adapters.clear();
+        self.prefix.forget(id);
         if self.scratch.as_ref().is_some_and(|s| s.model == id) {
             self.scratch = None;
         }
@@ -100,7 +104,7 @@ pub struct MlxThread {
 }
 
 impl MlxThread {
-    pub fn start() -> Result<MlxThread> {
+    pub fn start(prefix: PrefixCacheConfig, stats: Arc<PrefixStats>) -> Result<MlxThread> {
         let (tx, rx) = mpsc::channel::<Task>();
         let thread = std::thread::Builder::new()
             .name("perch-mlx".into())
@@ -110,6 +114,7 @@ impl MlxThread {
                     scratch: None,
                     job_state: None,
                     adapters: HashMap::new(),
+                    prefix: PrefixCache::new(&prefix, stats),
                 };
                 while let Ok(task) = rx.recv() {
                     // A panicking task fails its own request (its reply channel drops), not

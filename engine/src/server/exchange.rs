@@ -147,7 +147,9 @@ fn ended(app: &App, route: &Route, id: String, stream: bool, r: &TurnRecord<'_>)
             let decode = (g.tokens.len() > 1).then(|| g.decode_tokens_per_sec());
             app.metrics.request(route.name, 200);
             app.metrics.generation(g.prompt_tokens, g.tokens.len(), ttft, decode);
+            app.metrics.prefix_cache(g.cached_tokens, g.prompt_tokens - g.cached_tokens);
             rec.status = 200;
+            rec.cached_tokens = g.cached_tokens;
             rec.completion_tokens = g.tokens.len();
             rec.ttft_s = Some(ttft);
             rec.prefill_tok_s = Some(g.prefill_tokens_per_sec());

@@ -2,6 +2,7 @@
 
 use std::sync::Mutex;
 
+use crate::prefix_cache::PrefixSnapshot;
 use crate::sync::LockExt;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -21,6 +22,9 @@ pub struct Metrics {
     decode_rate: Histogram,
     queue_depth: Gauge,
     active: Gauge,
+    prefix_tokens: Family<Labels, Counter>,
+    prefix_bytes: Family<Labels, Gauge>,
+    prefix_entries: Family<Labels, Gauge>,
 }
 
 impl Metrics {
@@ -64,6 +68,24 @@ impl Metrics {
             queue_depth.clone(),
         );
         registry.register("active_generations", "Generations running now", active.clone());
+        let prefix_tokens = Family::<Labels, Counter>::default();
+        let prefix_bytes = Family::<Labels, Gauge>::default();
+        let prefix_entries = Family::<Labels, Gauge>::default();
+        registry.register(
+            "prefix_cache_tokens",
+            "User prompt tokens the prefix cache supplied (hit) or that were prefilled (miss)",
+            prefix_tokens.clone(),
+        );
+        registry.register(
+            "prefix_cache_bytes",
+            "Bytes the prefix cache holds, by tier (ram, disk)",
+            prefix_bytes.clone(),
+        );
+        registry.register(
+            "prefix_cache_entries",
+            "States the prefix cache holds, by tier (ram, disk)",
+            prefix_entries.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             requests,
@@ -73,6 +95,16 @@ impl Metrics {
             decode_rate,
             queue_depth,
             active,
+            prefix_tokens,
+            prefix_bytes,
+            prefix_entries,
+        }
+    }
+
+    /// One generation's prompt: tokens reused from the prefix cache and tokens prefilled.
+    pub fn prefix_cache(&self, hit: usize, miss: usize) {
+        for (kind, n) in [("hit", hit), ("miss", miss)] {
+            self.prefix_tokens.get_or_create(&vec![("kind".into(), kind.into())]).inc_by(n as u64);
         }
     }
 
@@ -108,9 +140,17 @@ impl Metrics {
         }
     }
 
-    pub fn render(&self, queue_depth: usize, active: usize) -> String {
+    pub fn render(&self, queue_depth: usize, active: usize, prefix: &PrefixSnapshot) -> String {
         self.queue_depth.set(queue_depth as i64);
         self.active.set(active as i64);
+        for (tier, bytes, entries) in [
+            ("ram", prefix.ram_bytes, prefix.ram_entries),
+            ("disk", prefix.disk_bytes, prefix.disk_entries),
+        ] {
+            let label = vec![("tier".to_string(), tier.to_string())];
+            self.prefix_bytes.get_or_create(&label).set(bytes as i64);
+            self.prefix_entries.get_or_create(&label).set(entries as i64);
+        }
         let mut out = String::new();
         let registry = self.registry.locked();
         encode(&mut out, &registry).expect("writing to a String cannot fail");

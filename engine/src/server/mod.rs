@@ -60,6 +60,9 @@ pub struct ServeConfig {
     pub any_host: bool,
     /// What requests get when they leave sampling fields out (changeable live).
     pub sampling: SamplingDefaults,
+    /// A streamed answer sends an SSE comment after this long without an event, so that
+    /// clients with read timeouts wait out a long prefill.
+    pub sse_keep_alive: Duration,
 }
 
 impl Default for ServeConfig {
@@ -77,6 +80,7 @@ impl Default for ServeConfig {
             shutdown_grace: Duration::from_secs(10),
             any_host: false,
             sampling: SamplingDefaults::default(),
+            sse_keep_alive: Duration::from_secs(4),
         }
     }
 }

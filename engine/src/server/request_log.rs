@@ -22,7 +22,7 @@ pub struct RequestRecord {
     pub stream: bool,
     pub status: u16,
     pub prompt_tokens: usize,
-    /// Prompt tokens reused from a cache (no prompt cache yet: always 0).
+    /// Prompt tokens the prefix cache supplied (not prefilled).
     pub cached_tokens: usize,
     pub completion_tokens: usize,
     pub ttft_s: Option<f64>,

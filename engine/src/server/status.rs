@@ -36,6 +36,7 @@ pub async fn health(State(app): State<Arc<App>>) -> Response {
         "mtp": resident.last().map(|m| json!({"present": m.mtp, "warm": m.mtp_warm, "load_time_warmup": m.load_time_warmup})),
         "warmup_ladder": e.ladder_status(),
         "last_request": e.last_turn(),
+        "prefix_cache": e.prefix.snapshot(),
         "memory": {
             "active_bytes": mem(mlx_rs::memory::active_memory()),
             "cache_bytes": mem(mlx_rs::memory::cache_memory()),
@@ -48,7 +49,9 @@ pub async fn health(State(app): State<Arc<App>>) -> Response {
 
 pub async fn metrics(State(app): State<Arc<App>>) -> Response {
     let gate = app.engine.gate.snapshot();
-    let body = app.metrics.render(gate.waiting, app.engine.foreground.snapshot().foreground_active);
+    let fg = app.engine.foreground.snapshot();
+    let body =
+        app.metrics.render(gate.waiting, fg.foreground_active, &app.engine.prefix.snapshot());
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }
 

@@ -69,6 +69,8 @@ const COMPLETIONS: Route = Route { name: "completions", id_prefix: "cmpl", promp
 
 /// Set when a turn decodes without the drafts its model would use, with the reason.
 pub const DRAFTS_HEADER: &str = "x-perch-drafts";
+/// Response header: the prompt's length in tokens (known before the first token is).
+pub const PROMPT_TOKENS_HEADER: &str = "x-perch-prompt-tokens";
 
 /// What rendering needs besides the turn's events.
 pub(super) struct Wire {
@@ -110,8 +112,14 @@ async fn complete(
         Ok(x) => {
             // A turn that cannot use its model's drafts says so (docs/api-fields.md).
             let drafts_off = x.handle.drafts_off.clone();
-            let mut r =
-                if x.stream { render::sse(x).into_response() } else { render::collect(x).await };
+            let prompt_tokens = x.handle.prompt_tokens;
+            let mut r = if x.stream {
+                render::sse(x, app.config.sse_keep_alive).into_response()
+            } else {
+                render::collect(x).await
+            };
+            // The chat window says "Reading N tokens…" from this while a long prompt prefills.
+            r.headers_mut().insert(PROMPT_TOKENS_HEADER, prompt_tokens.into());
             if let Some(v) = drafts_off.and_then(|w| axum::http::HeaderValue::from_str(&w).ok()) {
                 r.headers_mut().insert(DRAFTS_HEADER, v);
             }

@@ -21,7 +21,12 @@ use crate::server::error::ApiError;
 use crate::server::exchange::{finish_name, unix_now, Exchange};
 
 fn usage(u: Usage) -> Value {
-    json!({"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "total_tokens": u.prompt_tokens + u.completion_tokens})
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
 }
 
 fn error_of(endpoint: Endpoint, e: &EngineError) -> ApiError {
@@ -274,7 +279,10 @@ impl SseState {
 
 /// The answer as server-sent events: a role chunk (chat), content chunks, a finish chunk,
 /// the usage chunk when asked for, `[DONE]`.
-pub(super) fn sse(x: Exchange<Wire>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+pub(super) fn sse(
+    x: Exchange<Wire>,
+    keep_alive: std::time::Duration,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let state = SseState {
         x,
         created: unix_now() as u64,
@@ -303,5 +311,5 @@ pub(super) fn sse(x: Exchange<Wire>) -> Sse<impl Stream<Item = Result<Event, Inf
             s.on(ev);
         }
     });
-    Sse::new(events).keep_alive(KeepAlive::default())
+    Sse::new(events).keep_alive(KeepAlive::new().interval(keep_alive).text("keep-alive"))
 }

@@ -1,0 +1,409 @@
+//! The prefix cache's disk tier: one file per state in the platform cache directory, so a
+//! restarted Perch still skips the prefill of the system prompts and conversations it saw.
+//!
+//! A file is `PERCHKV1`, the header's and the data's lengths (u64 LE), the SHA-256 of header
+//! and data, a JSON header (key digest, tokens, each layer's shapes, offset and ring, dtype),
+//! then every buffer as f32 LE. Files are written to a temporary name and renamed, by a
+//! writer thread (the MLX thread only copies the arrays out). Anything in the directory
+//! that is not such a file with a matching checksum (truncated, corrupt, foreign, another
+//! version) is removed when found, never trusted and never fatal.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use mlx_rs::{Array, Dtype};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::{common_prefix, CacheKey, PrefixStats};
+use crate::model::kv_cache::{KvCache, KvState, SLIDING_SLACK};
+use crate::sync::LockExt;
+
+const MAGIC: &[u8; 8] = b"PERCHKV1";
+/// Magic, two lengths, checksum.
+const PREAMBLE: usize = 8 + 8 + 8 + 32;
+/// A header longer than this is not ours (a million tokens of JSON stay well under it).
+const MAX_HEADER: u64 = 64 << 20;
+
+#[derive(Serialize, Deserialize)]
+struct LayerHeader {
+    keys: Vec<i32>,
+    values: Vec<i32>,
+    offset: i32,
+    ring: Option<(i32, i32)>,
+    dtype: String,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    digest: String,
+    tokens: Vec<u32>,
+    layers: Vec<LayerHeader>,
+    mtp: Option<LayerHeader>,
+}
+
+struct DiskEntry {
+    path: PathBuf,
+    digest: String,
+    tokens: Vec<u32>,
+    bytes: u64,
+    /// Last use, in nanoseconds since the epoch (the file's modification time at start).
+    used: u128,
+}
+
+type Index = Arc<Mutex<Vec<DiskEntry>>>;
+
+struct Job {
+    path: PathBuf,
+    digest: String,
+    tokens: Vec<u32>,
+    bytes: Vec<u8>,
+    /// Every layer can be cut back to any prefix (no sliding-window ring), so an older file
+    /// holding a prefix of this one is redundant.
+    covers_prefixes: bool,
+}
+
+pub(super) struct DiskTier {
+    dir: PathBuf,
+    index: Index,
+    jobs: mpsc::Sender<Job>,
+    stats: Arc<PrefixStats>,
+}
+
+fn now_nanos() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+}
+
+fn dtype_name(d: Dtype) -> &'static str {
+    match d {
+        Dtype::Bfloat16 => "bfloat16",
+        Dtype::Float16 => "float16",
+        _ => "float32",
+    }
+}
+
+fn dtype_of(name: &str) -> Option<Dtype> {
+    match name {
+        "bfloat16" => Some(Dtype::Bfloat16),
+        "float16" => Some(Dtype::Float16),
+        "float32" => Some(Dtype::Float32),
+        _ => None,
+    }
+}
+
+/// Read a file's header (not its data); `None` if it is not a well-formed cache file.
+fn read_header(path: &Path) -> Option<(Header, u64)> {
+    let mut f = std::fs::File::open(path).ok()?;
+    let size = f.metadata().ok()?.len();
+    let mut pre = [0u8; PREAMBLE];
+    f.read_exact(&mut pre).ok()?;
+    let (hlen, dlen) = lengths(&pre)?;
+    if PREAMBLE as u64 + hlen + dlen != size {
+        return None;
+    }
+    let mut h = vec![0u8; hlen as usize];
+    f.read_exact(&mut h).ok()?;
+    Some((serde_json::from_slice(&h).ok()?, size))
+}
+
+fn lengths(pre: &[u8]) -> Option<(u64, u64)> {
+    if &pre[..8] != MAGIC {
+        return None;
+    }
+    let hlen = u64::from_le_bytes(pre[8..16].try_into().ok()?);
+    let dlen = u64::from_le_bytes(pre[16..24].try_into().ok()?);
+    (hlen <= MAX_HEADER).then_some((hlen, dlen))
+}
+
+fn remove(path: &Path) {
+    if let Err(e) = std::fs::remove_file(path) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(path = %path.display(), error = %e, "cannot remove a prefix-cache file");
+        }
+    }
+}
+
+impl DiskTier {
+    /// Open (creating) `dir`, index the files in it and remove what is not a cache file.
+    /// `None` (and a warning) when the directory cannot be used.
+    pub fn open(dir: PathBuf, budget: u64, stats: Arc<PrefixStats>) -> Option<DiskTier> {
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            tracing::warn!(dir = %dir.display(), error = %e, "prefix cache: no disk tier");
+            return None;
+        }
+        let mut entries = vec![];
+        for item in std::fs::read_dir(&dir).ok()?.flatten() {
+            let path = item.path();
+            let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
+            if !meta.is_file() {
+                continue; // never follow or remove anything but our own plain files
+            }
+            let ours = path.extension().is_some_and(|e| e == "kv");
+            match ours.then(|| read_header(&path)).flatten() {
+                Some((h, bytes)) => entries.push(DiskEntry {
+                    path,
+                    digest: h.digest,
+                    tokens: h.tokens,
+                    bytes,
+                    used: meta
+                        .modified()
+                        .ok()
+                        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                        .map_or(0, |d| d.as_nanos()),
+                }),
+                None => {
+                    tracing::warn!(path = %path.display(), "prefix cache: removing a file that is not a cache file");
+                    stats.disk_rejected.fetch_add(1, Ordering::Relaxed);
+                    remove(&path);
+                }
+            }
+        }
+        let index: Index = Arc::new(Mutex::new(entries));
+        let (tx, rx) = mpsc::channel::<Job>();
+        let (writer_index, writer_stats) = (index.clone(), stats.clone());
+        std::thread::Builder::new()
+            .name("perch-prefix-writer".into())
+            .spawn(move || {
+                for job in rx {
+                    write_job(job, &writer_index, budget, &writer_stats);
+                }
+            })
+            .ok()?;
+        let tier = DiskTier { dir, index, jobs: tx, stats };
+        enforce_budget(&mut tier.index.locked(), budget, &tier.stats);
+        Some(tier)
+    }
+
+    /// The longest prefix of `prompt` a file for `key` holds.
+    pub fn best_prefix(&self, key: &CacheKey, prompt: &[u32]) -> usize {
+        self.index
+            .locked()
+            .iter()
+            .filter(|e| e.digest == key.digest())
+            .map(|e| common_prefix(&e.tokens, prompt))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Read the file with the longest prefix of `prompt` back; a bad file is removed.
+    pub fn load(&mut self, key: &CacheKey, prompt: &[u32]) -> Option<KvState> {
+        let path = {
+            let index = self.index.locked();
+            let best = index
+                .iter()
+                .filter(|e| e.digest == key.digest())
+                .max_by_key(|e| common_prefix(&e.tokens, prompt))?;
+            best.path.clone()
+        };
+        match read_state(&path, key) {
+            Ok(state) => {
+                self.stats.disk_loads.fetch_add(1, Ordering::Relaxed);
+                let now = now_nanos();
+                if let Some(e) = self.index.locked().iter_mut().find(|e| e.path == path) {
+                    e.used = now;
+                }
+                if let Ok(f) = std::fs::File::options().write(true).open(&path) {
+                    let _ = f.set_modified(SystemTime::now());
+                }
+                Some(state)
+            }
+            Err(why) => {
+                tracing::warn!(path = %path.display(), why, "prefix cache: removing a bad file");
+                self.stats.disk_rejected.fetch_add(1, Ordering::Relaxed);
+                self.index.locked().retain(|e| e.path != path);
+                remove(&path);
+                None
+            }
+        }
+    }
+
+    /// Copy `state` out of MLX and hand it to the writer thread.
+    pub fn store(&mut self, key: &CacheKey, state: &KvState) {
+        let bytes = match encode(key, state) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(error = %e, "prefix cache: cannot save a state");
+                return;
+            }
+        };
+        let name = format!("{}-{:016x}.kv", key.digest(), token_hash(&state.tokens));
+        let _ = self.jobs.send(Job {
+            path: self.dir.join(name),
+            digest: key.digest().to_string(),
+            tokens: state.tokens.clone(),
+            bytes,
+            covers_prefixes: state.layers.iter().all(|c| c.ring().is_none()),
+        });
+    }
+}
+
+fn token_hash(tokens: &[u32]) -> u64 {
+    let d = Sha256::digest(tokens.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>());
+    u64::from_le_bytes(d[..8].try_into().unwrap_or_default())
+}
+
+/// One layer's header and its buffers as f32, only the positions it holds (rings whole).
+fn layer_out(c: &KvCache, data: &mut Vec<u8>) -> mlx_rs::error::Result<Option<LayerHeader>> {
+    use mlx_rs::ops::indexing::IndexOp;
+    let (Some(k), Some(v), offset) = c.parts() else { return Ok(None) };
+    let ring = c.ring();
+    let (k, v) = match ring {
+        Some(_) => (k.clone(), v.clone()),
+        None => (k.index((.., .., ..offset, ..)), v.index((.., .., ..offset, ..))),
+    };
+    let header = LayerHeader {
+        keys: k.shape().to_vec(),
+        values: v.shape().to_vec(),
+        offset,
+        ring,
+        dtype: dtype_name(k.dtype()).into(),
+    };
+    for a in [k, v] {
+        let flat = a.as_dtype(Dtype::Float32)?.reshape(&[-1])?;
+        flat.eval()?;
+        for x in flat.as_slice::<f32>() {
+            data.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+    Ok(Some(header))
+}
+
+fn encode(key: &CacheKey, state: &KvState) -> mlx_rs::error::Result<Vec<u8>> {
+    let mut data = Vec::with_capacity(state.nbytes());
+    let mut layers = vec![];
+    for c in &state.layers {
+        match layer_out(c, &mut data)? {
+            Some(h) => layers.push(h),
+            None => return Err(mlx_rs::error::Exception::custom("an empty layer")),
+        }
+    }
+    let mtp = match &state.mtp {
+        Some(m) => layer_out(m, &mut data)?,
+        None => None,
+    };
+    let header = Header { digest: key.digest().into(), tokens: state.tokens.clone(), layers, mtp };
+    let header =
+        serde_json::to_vec(&header).map_err(|e| mlx_rs::error::Exception::custom(e.to_string()))?;
+    let mut sum = Sha256::new();
+    sum.update(&header);
+    sum.update(&data);
+    let mut out = Vec::with_capacity(PREAMBLE + header.len() + data.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(header.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(data.len() as u64).to_le_bytes());
+    out.extend_from_slice(&sum.finalize());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(&data);
+    Ok(out)
+}
+
+fn write_job(job: Job, index: &Index, budget: u64, stats: &PrefixStats) {
+    let tmp = job.path.with_extension(format!("tmp{}", std::process::id()));
+    let written = std::fs::write(&tmp, &job.bytes).and_then(|_| std::fs::rename(&tmp, &job.path));
+    if let Err(e) = written {
+        tracing::warn!(path = %job.path.display(), error = %e, "prefix cache: cannot write a state");
+        remove(&tmp);
+        return;
+    }
+    let mut index = index.locked();
+    index.retain(|e| {
+        let redundant = e.path == job.path
+            || (job.covers_prefixes
+                && e.digest == job.digest
+                && e.tokens.len() <= job.tokens.len()
+                && job.tokens[..e.tokens.len()] == e.tokens[..]);
+        if redundant && e.path != job.path {
+            remove(&e.path);
+        }
+        !redundant
+    });
+    index.push(DiskEntry {
+        path: job.path,
+        digest: job.digest,
+        tokens: job.tokens,
+        bytes: job.bytes.len() as u64,
+        used: now_nanos(),
+    });
+    enforce_budget(&mut index, budget, stats);
+}
+
+/// Remove the least recently used files until the tier fits its budget.
+fn enforce_budget(index: &mut Vec<DiskEntry>, budget: u64, stats: &PrefixStats) {
+    while index.iter().map(|e| e.bytes).sum::<u64>() > budget {
+        let Some(i) = index.iter().enumerate().min_by_key(|(_, e)| e.used).map(|x| x.0) else {
+            break;
+        };
+        remove(&index.remove(i).path);
+    }
+    stats.disk_bytes.store(index.iter().map(|e| e.bytes).sum(), Ordering::Relaxed);
+    stats.disk_entries.store(index.len() as u64, Ordering::Relaxed);
+}
+
+/// Read and check a whole file; every way it can be wrong is an error, never a panic.
+fn read_state(path: &Path, key: &CacheKey) -> Result<KvState, &'static str> {
+    let bytes = std::fs::read(path).map_err(|_| "unreadable")?;
+    if bytes.len() < PREAMBLE {
+        return Err("truncated");
+    }
+    let (hlen, dlen) = lengths(&bytes[..PREAMBLE]).ok_or("not a cache file")?;
+    if PREAMBLE as u64 + hlen + dlen != bytes.len() as u64 {
+        return Err("truncated or padded");
+    }
+    let body = &bytes[PREAMBLE..];
+    if Sha256::digest(body)[..] != bytes[24..56] {
+        return Err("checksum mismatch");
+    }
+    let (header, data) = body.split_at(hlen as usize);
+    let h: Header = serde_json::from_slice(header).map_err(|_| "bad header")?;
+    if h.digest != key.digest() {
+        return Err("another model's file");
+    }
+    let mut at = 0usize;
+    let mut layer = |l: &LayerHeader| -> Result<KvCache, &'static str> {
+        let dtype = dtype_of(&l.dtype).ok_or("unknown dtype")?;
+        let mut arrays = vec![];
+        for shape in [&l.keys, &l.values] {
+            if shape.len() != 4 || shape.iter().any(|&d| d <= 0) {
+                return Err("bad shape");
+            }
+            let n = shape
+                .iter()
+                .try_fold(1usize, |a, &d| a.checked_mul(d as usize))
+                .ok_or("bad shape")?;
+            let end = n.checked_mul(4).and_then(|b| b.checked_add(at)).ok_or("bad shape")?;
+            let raw = data.get(at..end).ok_or("data too short")?;
+            at = end;
+            let floats: Vec<f32> =
+                raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let a = Array::from_slice(&floats, shape).as_dtype(dtype).map_err(|_| "bad data")?;
+            arrays.push(a);
+        }
+        let cap = l.keys[2];
+        let ok = l.offset >= 0
+            && l.values[2] == cap
+            && match l.ring {
+                None => l.offset == cap,
+                Some((w, stored)) => {
+                    w > 0 && cap == w + SLIDING_SLACK && stored >= 0 && stored <= cap.min(l.offset)
+                }
+            };
+        if !ok {
+            return Err("bad offsets");
+        }
+        let v = arrays.pop().ok_or("bad data")?;
+        let k = arrays.pop().ok_or("bad data")?;
+        Ok(KvCache::from_parts(k, v, l.offset, l.ring))
+    };
+    let layers = h.layers.iter().map(&mut layer).collect::<Result<Vec<_>, _>>()?;
+    let mtp = h.mtp.as_ref().map(&mut layer).transpose()?;
+    if at != data.len() {
+        return Err("data too long");
+    }
+    if layers.iter().any(|c| c.offset() as usize != h.tokens.len()) {
+        return Err("layers and tokens disagree");
+    }
+    Ok(KvState { tokens: h.tokens, layers, mtp })
+}
