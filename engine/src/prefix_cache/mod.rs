@@ -221,18 +221,33 @@ impl PrefixCache {
         hit
     }
 
-    /// Keep what a generation left behind (RAM, and disk when it is long enough). States it
-    /// makes redundant (a prefix it can be cut back to) are dropped.
+    /// Keep what a generation left behind, in RAM and on disk (`keep` then `persist`).
     pub fn store(&mut self, key: CacheKey, state: KvState) {
-        if state.is_empty() {
-            return;
+        self.keep(key.clone(), state.clone());
+        self.persist(&key, &state);
+    }
+
+    /// Keep a state in RAM (cheap: the arrays are shared, not copied). States it makes
+    /// redundant (a prefix it can be cut back to) are dropped.
+    pub fn keep(&mut self, key: CacheKey, state: KvState) {
+        if !state.is_empty() {
+            self.insert_ram(key, state);
         }
-        if let Some(disk) = &mut self.disk {
-            if state.len() >= DISK_MIN_TOKENS {
-                disk.store(&key, &state);
+    }
+
+    /// Whether `persist` would write `state` (a disk tier, and a state long enough).
+    pub fn wants_on_disk(&self, state: &KvState) -> bool {
+        self.disk.is_some() && state.len() >= DISK_MIN_TOKENS
+    }
+
+    /// Write a state to the disk tier: copied out of MLX here, written by the tier's thread.
+    /// Costs a copy of the state, so the engine runs it after the turn's answer has gone.
+    pub fn persist(&mut self, key: &CacheKey, state: &KvState) {
+        if self.wants_on_disk(state) {
+            if let Some(disk) = &mut self.disk {
+                disk.store(key, state);
             }
         }
-        self.insert_ram(key, state);
     }
 
     fn insert_ram(&mut self, key: CacheKey, state: KvState) {

@@ -410,6 +410,9 @@ impl Engine {
         let (model_id, draft) = (id.to_string(), self.config.draft.clone());
         let dtype = self.config.compute_dtype;
         let rx = self.mlx.submit(move |w| {
+            // A model's weights need the memory more than cached prompts do: the prefix
+            // cache gives its RAM back first (its disk tier stays).
+            w.prefix.clear_ram();
             let mut model = load_model_as(&dir, dtype)?;
             model.id = model_id;
             // A setting this model cannot honour (mtp without an MTP head) means plain

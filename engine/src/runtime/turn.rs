@@ -372,7 +372,7 @@ fn generate(
     let owned = id.to_string();
     // The turn starts before the MLX thread takes it: a window running now delays it.
     let mark = engine.observer().map(|o| o.turn_begin());
-    let g = engine.mlx.run(move |w| {
+    let (g, to_disk) = engine.mlx.run(move |w| {
         let model = w.model(&owned)?;
         let key = CacheKey::of(model, params.adapter.as_ref().map(|a| a.dir.as_path()));
         let mtp = matches!(params.draft, DraftMode::Mtp { .. }) && model.mtp.is_some();
@@ -382,11 +382,23 @@ fn generate(
         let g = generate_from(model, &prompt, &params, Some(&cancel), from, &mut on_piece);
         model.adapter = None;
         let (g, state) = g?;
+        let mut to_disk = None;
         if let Some(state) = state {
-            w.prefix.store(key, state);
+            if w.prefix.wants_on_disk(&state) {
+                to_disk = Some((key.clone(), state.clone()));
+            }
+            w.prefix.keep(key, state);
         }
-        Ok(g)
+        Ok((g, to_disk))
     })?;
+    // Copying the state out for the disk tier is a job of its own behind this one, so the
+    // answer does not wait for it.
+    if let Some((key, state)) = to_disk {
+        let _ = engine.mlx.submit(move |w| {
+            w.prefix.persist(&key, &state);
+            Ok(())
+        });
+    }
     if let Some(mark) = mark {
         mark.finish(g.tokens.len().saturating_sub(1), g.ttft, g.finished_at);
     }
