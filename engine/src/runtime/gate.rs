@@ -130,6 +130,18 @@ mod tests {
         assert!(gate.try_acquire().is_some());
     }
 
+    #[test]
+    fn a_probe_yields_to_a_user_counted_but_not_yet_queued() {
+        // Between a user's count and its place in the semaphore's queue the gate can be free
+        // for an instant; background work probing then must not take the turn. (Once the
+        // user is queued, the semaphore's own FIFO hands a released permit to it.)
+        let gate = Gate::new(4);
+        gate.waiting.fetch_add(1, Ordering::SeqCst);
+        assert!(gate.try_acquire().is_none(), "a probe took the gate from a waiting user");
+        gate.waiting.fetch_sub(1, Ordering::SeqCst);
+        assert!(gate.try_acquire().is_some());
+    }
+
     #[tokio::test]
     async fn a_cancelled_waiter_leaves_the_queue() {
         let gate = Gate::new(4);
