@@ -60,7 +60,9 @@ struct Job {
     path: PathBuf,
     digest: String,
     tokens: Vec<u32>,
-    bytes: Vec<u8>,
+    header: Header,
+    /// Flat, evaluated f32 arrays (the writer thread only reads them).
+    arrays: Vec<Array>,
     /// Every layer can be cut back to any prefix (no sliding-window ring), so an older file
     /// holding a prefix of this one is redundant.
     covers_prefixes: bool,
@@ -220,9 +222,10 @@ impl DiskTier {
         }
     }
 
-    /// Copy `state` out of MLX and hand it to the writer thread.
+    /// Copy `state` into flat arrays and hand them to the writer thread, which checksums and
+    /// writes them.
     pub fn store(&mut self, key: &CacheKey, state: &KvState) {
-        let bytes = match encode(key, state) {
+        let (header, arrays) = match snapshot(key, state) {
             Ok(b) => b,
             Err(e) => {
                 tracing::warn!(error = %e, "prefix cache: cannot save a state");
@@ -234,7 +237,8 @@ impl DiskTier {
             path: self.dir.join(name),
             digest: key.digest().to_string(),
             tokens: state.tokens.clone(),
-            bytes,
+            header,
+            arrays,
             covers_prefixes: state.layers.iter().all(|c| c.ring().is_none()),
         });
     }
@@ -245,8 +249,9 @@ fn token_hash(tokens: &[u32]) -> u64 {
     u64::from_le_bytes(d[..8].try_into().unwrap_or_default())
 }
 
-/// One layer's header and its buffers as f32, only the positions it holds (rings whole).
-fn layer_out(c: &KvCache, data: &mut Vec<u8>) -> mlx_rs::error::Result<Option<LayerHeader>> {
+/// One layer's header and its buffers as flat f32 arrays, only the positions it holds (rings
+/// whole); the arrays are evaluated by the caller.
+fn layer_out(c: &KvCache, out: &mut Vec<Array>) -> mlx_rs::error::Result<Option<LayerHeader>> {
     use mlx_rs::ops::indexing::IndexOp;
     let (Some(k), Some(v), offset) = c.parts() else { return Ok(None) };
     let ring = c.ring();
@@ -262,52 +267,78 @@ fn layer_out(c: &KvCache, data: &mut Vec<u8>) -> mlx_rs::error::Result<Option<La
         dtype: dtype_name(k.dtype()).into(),
     };
     for a in [k, v] {
-        let flat = a.as_dtype(Dtype::Float32)?.reshape(&[-1])?;
-        flat.eval()?;
-        for x in flat.as_slice::<f32>() {
-            data.extend_from_slice(&x.to_le_bytes());
-        }
+        out.push(a.as_dtype(Dtype::Float32)?.reshape(&[-1])?);
     }
     Ok(Some(header))
 }
 
-fn encode(key: &CacheKey, state: &KvState) -> mlx_rs::error::Result<Vec<u8>> {
-    let mut data = Vec::with_capacity(state.nbytes());
+/// The header and the evaluated f32 arrays of a state (on the MLX thread: one copy).
+fn snapshot(key: &CacheKey, state: &KvState) -> mlx_rs::error::Result<(Header, Vec<Array>)> {
+    let mut arrays = vec![];
     let mut layers = vec![];
     for c in &state.layers {
-        match layer_out(c, &mut data)? {
+        match layer_out(c, &mut arrays)? {
             Some(h) => layers.push(h),
             None => return Err(mlx_rs::error::Exception::custom("an empty layer")),
         }
     }
     let mtp = match &state.mtp {
-        Some(m) => layer_out(m, &mut data)?,
+        Some(m) => layer_out(m, &mut arrays)?,
         None => None,
     };
+    mlx_rs::transforms::eval(arrays.iter())?;
     let header = Header { digest: key.digest().into(), tokens: state.tokens.clone(), layers, mtp };
-    let header =
-        serde_json::to_vec(&header).map_err(|e| mlx_rs::error::Exception::custom(e.to_string()))?;
+    Ok((header, arrays))
+}
+
+/// `f` over the data's bytes (f32 little-endian), in pieces.
+fn data_bytes(
+    arrays: &[Array],
+    mut f: impl FnMut(&[u8]) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(1 << 16);
+    for a in arrays {
+        for chunk in a.as_slice::<f32>().chunks(1 << 14) {
+            buf.clear();
+            for x in chunk {
+                buf.extend_from_slice(&x.to_le_bytes());
+            }
+            f(&buf)?;
+        }
+    }
+    Ok(())
+}
+
+/// Write a job's file: checksum first (one pass over the arrays), then the bytes.
+fn write_file(path: &Path, job: &Job) -> std::io::Result<()> {
+    use std::io::Write;
+    let header = serde_json::to_vec(&job.header).map_err(std::io::Error::other)?;
+    let data_len: usize = job.arrays.iter().map(|a| a.size() * 4).sum();
     let mut sum = Sha256::new();
     sum.update(&header);
-    sum.update(&data);
-    let mut out = Vec::with_capacity(PREAMBLE + header.len() + data.len());
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&(header.len() as u64).to_le_bytes());
-    out.extend_from_slice(&(data.len() as u64).to_le_bytes());
-    out.extend_from_slice(&sum.finalize());
-    out.extend_from_slice(&header);
-    out.extend_from_slice(&data);
-    Ok(out)
+    data_bytes(&job.arrays, |b| {
+        sum.update(b);
+        Ok(())
+    })?;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    f.write_all(MAGIC)?;
+    f.write_all(&(header.len() as u64).to_le_bytes())?;
+    f.write_all(&(data_len as u64).to_le_bytes())?;
+    f.write_all(&sum.finalize())?;
+    f.write_all(&header)?;
+    data_bytes(&job.arrays, |b| f.write_all(b))?;
+    f.into_inner().map_err(|e| e.into_error())?.sync_all()
 }
 
 fn write_job(job: Job, index: &Index, budget: u64, stats: &PrefixStats) {
     let tmp = job.path.with_extension(format!("tmp{}", std::process::id()));
-    let written = std::fs::write(&tmp, &job.bytes).and_then(|_| std::fs::rename(&tmp, &job.path));
+    let written = write_file(&tmp, &job).and_then(|_| std::fs::rename(&tmp, &job.path));
     if let Err(e) = written {
         tracing::warn!(path = %job.path.display(), error = %e, "prefix cache: cannot write a state");
         remove(&tmp);
         return;
     }
+    let bytes = std::fs::metadata(&job.path).map_or(0, |m| m.len());
     let mut index = index.locked();
     index.retain(|e| {
         let redundant = e.path == job.path
@@ -324,7 +355,7 @@ fn write_job(job: Job, index: &Index, budget: u64, stats: &PrefixStats) {
         path: job.path,
         digest: job.digest,
         tokens: job.tokens,
-        bytes: job.bytes.len() as u64,
+        bytes,
         used: now_nanos(),
     });
     enforce_budget(&mut index, budget, stats);
