@@ -91,6 +91,13 @@ async fn status(State(sup): S) -> Reply {
     Ok(Json(v).into_response())
 }
 
+/// What runs, or while the engine is still starting (nothing applied yet) what the file says:
+/// a download or import asked for then still goes where the settings say, not to the
+/// platform's defaults.
+fn current_settings(sup: &Supervisor) -> Settings {
+    sup.settings().or_else(|| Settings::load(sup.config_path()).ok()).unwrap_or_default()
+}
+
 async fn get_config(State(sup): S) -> Reply {
     let sup = live(sup)?;
     // The file as it is now (it may hold a hand edit that was rejected), and what runs.
@@ -208,8 +215,7 @@ async fn import(State(sup): S, bytes: Bytes) -> Reply {
         return Err(ApiError::invalid("path", format!("{} is not a .gguf file", path.display())));
     }
     let name = v.get("name").and_then(Value::as_str).map(String::from);
-    let models_dir =
-        sup.settings().map(|s| s.models_dir()).unwrap_or_else(crate::paths::models_dir);
+    let models_dir = current_settings(&sup).models_dir();
     let opts = crate::gguf::import::ImportOptions {
         name,
         quantize: crate::gguf::import::Quantize::None,
@@ -239,7 +245,7 @@ async fn start_download(State(sup): S, bytes: Bytes) -> Reply {
     let sup = live(sup)?;
     let v: Value = body(&bytes)?;
     let repo = field(&v, "repo")?.trim().to_string();
-    let settings = sup.settings().unwrap_or_default();
+    let settings = current_settings(&sup);
     let revision = v.get("revision").and_then(Value::as_str);
     match sup.downloads.start(&repo, revision, &settings.hub_endpoint(), &settings.models_dir()) {
         Ok(job) => Ok((StatusCode::ACCEPTED, Json(job)).into_response()),
