@@ -213,3 +213,84 @@ fn wait_for(f: impl Fn() -> bool) {
     }
     panic!("timed out");
 }
+
+/// The keys a generation's state holds, layer by layer, against the same tokens prefilled
+/// from scratch: a state must hold exactly its tokens, however the generation stopped (in the
+/// middle of a round of drafts, on a stop string, at max_tokens).
+#[test]
+fn a_finished_generation_leaves_exactly_the_state_of_its_tokens() {
+    for (name, draft) in [
+        ("qwen3", DraftMode::lookup()),
+        ("qwen3", DraftMode::None),
+        ("gemma3", DraftMode::lookup()),
+        (MTP_FIXTURE, DraftMode::Mtp { depth: 3 }),
+    ] {
+        let model = load_fixture(name);
+        let prompt = long_prompt(name, 50);
+        // Ends at max_tokens, and on a stop string in the text of each of the first 14
+        // tokens (a stop can land on the token after a rejected draft).
+        // Sampling warm enough that some drafts are rejected: the first temperature and seed
+        // where that happens.
+        let sampled = |t: f32, seed| GenerateParams {
+            sampling: SamplingParams { temperature: t, seed: Some(seed), ..Default::default() },
+            ..params(draft.clone(), false)
+        };
+        let rejects = |p: &GenerateParams| {
+            let (g, _) = run(&model, &prompt, p, None);
+            g.draft.is_some_and(|d| {
+                d.accepted_by_depth.iter().sum::<usize>() < d.drafted_by_depth.iter().sum()
+            })
+        };
+        let choice = [1.0f32, 2.0, 4.0, 8.0, 16.0]
+            .iter()
+            .flat_map(|&t| (1..8).map(move |seed| (t, seed)))
+            .find(|&(t, seed)| rejects(&sampled(t, seed)));
+        assert!(draft == DraftMode::None || choice.is_some(), "{name}: no draft was ever rejected");
+        let (t, seed) = choice.unwrap_or((1.0, 1));
+        let base =
+            |logprobs: bool| GenerateParams { logprobs: logprobs.then_some(4), ..sampled(t, seed) };
+        let (whole, _) = run(&model, &prompt, &base(false), None);
+        let stops: Vec<Vec<String>> = whole
+            .tokens
+            .iter()
+            .filter_map(|&t| model.tokenizer.decode(&[t]).ok())
+            .filter(|t| !t.trim().is_empty())
+            .map(|t| vec![t])
+            .collect();
+        let ends = (1..=14).map(|m| (m, vec![])).chain(stops.into_iter().map(|s| (14, s)));
+        for (max_tokens, stop) in ends {
+            for logprobs in [false, true] {
+                let p = GenerateParams { max_tokens, stop: stop.clone(), ..base(logprobs) };
+                let (_, state) = run(&model, &prompt, &p, None);
+                let state = state.unwrap();
+                let mut fresh = model.net.new_caches();
+                let ids = mlx_rs::Array::from_slice(&state.tokens, &[1, state.len() as i32]);
+                model.forward(&ids, &mut fresh).unwrap();
+                for (l, (a, b)) in state.layers.iter().zip(&fresh).enumerate() {
+                    let (ka, _, na) = a.parts();
+                    let (kb, _, nb) = b.parts();
+                    assert_eq!(na, nb);
+                    let (ka, kb) = (ka.unwrap(), kb.unwrap());
+                    // The slots of the positions the cache says it holds (a ring keeps its
+                    // latest `stored` positions at slot p % capacity).
+                    let slots: Vec<i32> = match a.ring() {
+                        Some((_, stored)) => {
+                            let cap = ka.shape()[2];
+                            (na - stored..na).map(|p| p % cap).collect()
+                        }
+                        None => (0..na).collect(),
+                    };
+                    let idx = mlx_rs::Array::from_slice(&slots, &[slots.len() as i32]);
+                    let pick = |k: &mlx_rs::Array| k.take_axis(&idx, 2).unwrap();
+                    let d = pick(ka).subtract(pick(kb)).unwrap();
+                    let worst =
+                        mlx_rs::ops::max(d.abs().unwrap(), None).unwrap().item_cast::<f32>();
+                    assert!(
+                        worst < 1e-3,
+                        "{name} {draft:?} max_tokens {max_tokens} stop {stop:?} logprobs {logprobs}: layer {l} differs by {worst}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -304,15 +304,8 @@ pub(crate) fn generate(
                 break;
             }
         }
-        if !going {
-            break;
-        }
-        let mut taken = draft_ids[..accepted].to_vec();
-        taken.push(next);
-        sampler.observe_ids(&taken)?;
-        history.extend_from_slice(&taken);
-
-        // Roll back the rejected drafts' positions.
+        // Roll back the rejected drafts' positions, also when the answer ends here: the caches
+        // must hold exactly the tokens that were output (the prefix cache keeps them).
         let rejected = (k - accepted) as i32;
         for c in caches.iter_mut() {
             if c.trim(rejected) != rejected {
@@ -321,6 +314,13 @@ pub(crate) fn generate(
                 ));
             }
         }
+        if !going {
+            break;
+        }
+        let mut taken = draft_ids[..accepted].to_vec();
+        taken.push(next);
+        sampler.observe_ids(&taken)?;
+        history.extend_from_slice(&taken);
 
         // Next round: at most what max_tokens and the context leave room for.
         let position = caches[0].offset() as usize; // where `next` goes
