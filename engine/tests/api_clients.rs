@@ -133,8 +133,19 @@ impl Drop for ServeProcess {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixteen_streaming_clients_complete_or_get_429() {
     let Some(python) = venv() else { return };
-    // A queue shorter than the client count, so the bound is exercised.
-    let server = ServeProcess::start(&["--max-queue", "6", "--draft", "auto"]);
+    // A queue shorter than the client count, so the bound is exercised. The prefix cache is
+    // off: it keeps earlier prompts' state on purpose (within its budget, tested in
+    // prefix_cache.rs), and this test looks for memory that requests leave behind otherwise.
+    let server = ServeProcess::start(&[
+        "--max-queue",
+        "6",
+        "--draft",
+        "auto",
+        "--prefix-cache-mb",
+        "0",
+        "--prefix-cache-disk-mb",
+        "0",
+    ]);
     let url = format!("{}/v1", server.url);
     let script = root().join("tests/api/load_test.py").display().to_string();
     // Warm up with the same load, then take the idle figure.

@@ -1,6 +1,7 @@
 //! Decoding: from a prompt's token ids to generated tokens. `common` holds what the loops
 //! share; `generate` dispatches to plain pipelined decoding, `guided` (per-step host work:
-//! logprobs, JSON mode) or `speculative` (drafts verified in one pass); `sampler` is theirs.
+//! logprobs, JSON mode) or `speculative` (drafts verified in one pass); `sampler` and `stop`
+//! (stop strings) are theirs.
 //! The KV cache is the model's state and lives in `model::kv_cache`.
 
 pub mod common;
@@ -10,9 +11,11 @@ pub mod guided;
 pub mod json_prefix;
 pub mod sampler;
 pub mod speculative;
+pub mod stop;
 
 pub use common::{
     context_room, AdapterRef, DraftMode, DraftStats, FinishReason, GenerateParams, Generation,
-    StopMatcher, TokenLogprob, TopLogprob,
+    TokenLogprob, TopLogprob,
 };
 pub use generate::{generate, generate_from, generate_streaming};
+pub use stop::StopMatcher;
