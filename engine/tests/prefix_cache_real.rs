@@ -9,10 +9,9 @@ use std::sync::Arc;
 use common::*;
 use perch_engine::bench::prompt_of_length;
 use perch_engine::decode::{generate_from, GenerateParams};
-use perch_engine::gguf::import::{import, ImportOptions, Quantize, StoreDtype};
-use perch_engine::platform::ComputeDtype;
+use perch_engine::gguf::import::StoreDtype;
 use perch_engine::prefix_cache::{CacheKey, PrefixCache, PrefixCacheConfig, PrefixStats};
-use perch_engine::{load_model_as, LoadedModel, SamplingParams};
+use perch_engine::{LoadedModel, SamplingParams};
 
 fn check(name: &str, model: &LoadedModel, prompt_len: usize) {
     let p = GenerateParams {
@@ -64,14 +63,7 @@ fn both_real_models_give_the_same_answer_from_the_cache() {
         check("gemma-3-270m", &gemma, 700);
     }
     if let Some(gguf) = qwen_gguf() {
-        let opts = ImportOptions {
-            name: Some("qwen".into()),
-            quantize: Quantize::None,
-            dtype: StoreDtype::F32,
-            overwrite: true,
-        };
-        let dir = import(&gguf, tmp.path(), &opts).unwrap();
-        let qwen = load_model_as(&dir, ComputeDtype::F32).unwrap();
+        let qwen = import_as(&gguf, tmp.path(), "qwen", StoreDtype::F32);
         check("qwen2.5-coder-0.5b", &qwen, 400);
     }
 }

@@ -13,9 +13,9 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{compare_greedy, run_python, GreedyReference, LLAMA_CPP_PLAIN};
+use common::{compare_greedy, import_as, run_python, GreedyReference, LLAMA_CPP_PLAIN};
 use perch_engine::chat::ChatOptions;
-use perch_engine::gguf::import::{import, ImportOptions, Quantize, StoreDtype};
+use perch_engine::gguf::import::StoreDtype;
 use serde_json::{json, Value};
 
 /// As for Gemma: above llama.cpp's activation-quantization noise, below a broken model's gaps.
@@ -106,15 +106,7 @@ fn qwen_prompts_and_answers_match_llama_cpp() {
     );
 
     let tmp = tempfile::tempdir().unwrap();
-    let opts = ImportOptions {
-        name: Some("qwen".into()),
-        quantize: Quantize::None,
-        dtype: StoreDtype::F32,
-        overwrite: true,
-    };
-    let dir = import(&gguf, tmp.path(), &opts).unwrap();
-    let model =
-        perch_engine::load_model_as(&dir, perch_engine::platform::ComputeDtype::F32).unwrap();
+    let model = import_as(&gguf, tmp.path(), "qwen", StoreDtype::F32);
 
     let mut refs = Vec::new();
     for ((name, messages, tools), t) in chats.iter().zip(theirs.as_array().unwrap()) {

@@ -165,13 +165,19 @@ pub fn import_gemma(
     dir: &std::path::Path,
     dtype: perch_engine::gguf::import::StoreDtype,
 ) -> LoadedModel {
+    import_as(gguf, dir, "gemma-3-270m", dtype)
+}
+
+/// `gguf` imported dequantized into `dir` as `name`, then loaded computing in f32.
+pub fn import_as(
+    gguf: &std::path::Path,
+    dir: &std::path::Path,
+    name: &str,
+    dtype: perch_engine::gguf::import::StoreDtype,
+) -> LoadedModel {
     use perch_engine::gguf::import::{import, ImportOptions, Quantize};
-    let opts = ImportOptions {
-        name: Some("gemma-3-270m".into()),
-        quantize: Quantize::None,
-        dtype,
-        overwrite: true,
-    };
+    let opts =
+        ImportOptions { name: Some(name.into()), quantize: Quantize::None, dtype, overwrite: true };
     load_model_as(&import(gguf, dir, &opts).unwrap(), ComputeDtype::F32).unwrap()
 }
 
