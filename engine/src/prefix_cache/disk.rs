@@ -198,9 +198,10 @@ impl DiskTier {
                 .iter()
                 .filter(|e| e.digest == key.digest())
                 .max_by_key(|e| common_prefix(&e.tokens, prompt))?;
-            best.path.clone()
+            (best.path.clone(), best.bytes)
         };
-        match read_state(&path, key) {
+        let (path, indexed) = path;
+        match read_state(&path, key, indexed) {
             Ok(state) => {
                 self.stats.disk_loads.fetch_add(1, Ordering::Relaxed);
                 let now = now_nanos();
@@ -374,7 +375,12 @@ fn enforce_budget(index: &mut Vec<DiskEntry>, budget: u64, stats: &PrefixStats) 
 }
 
 /// Read and check a whole file; every way it can be wrong is an error, never a panic.
-fn read_state(path: &Path, key: &CacheKey) -> Result<KvState, &'static str> {
+fn read_state(path: &Path, key: &CacheKey, indexed: u64) -> Result<KvState, &'static str> {
+    // A file swapped for another since it was indexed is not read into memory at all.
+    let size = std::fs::metadata(path).map_err(|_| "unreadable")?.len();
+    if size != indexed {
+        return Err("changed since it was indexed");
+    }
     let bytes = std::fs::read(path).map_err(|_| "unreadable")?;
     if bytes.len() < PREAMBLE {
         return Err("truncated");
