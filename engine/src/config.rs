@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::catalog::Catalog;
-use crate::runtime::{EngineConfig, KeepAlive, LadderConfig};
+use crate::runtime::{EngineConfig, KeepAlive, LadderConfig, ModelAliases};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -92,6 +92,9 @@ pub struct Settings {
     /// restarts.
     pub prefix_cache_disk_mb: u64,
     pub sampling: SamplingDefaults,
+    /// Model names clients send, mapped to installed models: `"claude-*" = "default"` answers
+    /// Claude Code's model names with the default model (docs/settings.md).
+    pub model_aliases: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for Settings {
@@ -118,6 +121,7 @@ impl Default for Settings {
             prefix_cache_mb: 2048,
             prefix_cache_disk_mb: 8192,
             sampling: SamplingDefaults::default(),
+            model_aliases: ModelAliases::defaults().into_iter().collect(),
         }
     }
 }
@@ -331,6 +335,9 @@ impl Settings {
                 return Err(invalid(field, format!("must be 0 to 1048576 MiB, not {mb}")));
             }
         }
+        if let Err(e) = ModelAliases::new(self.model_aliases.clone()) {
+            return Err(invalid("model_aliases", e));
+        }
         if self.port != 0 && self.port < 1024 {
             return Err(invalid(
                 "port",
@@ -450,6 +457,7 @@ impl Settings {
                 disk_bytes: self.prefix_cache_disk_mb << 20,
                 disk_dir: Some(crate::paths::prefix_cache_dir()),
             },
+            model_aliases: ModelAliases::new(self.model_aliases.clone()).unwrap_or_default(),
             ..EngineConfig::default()
         }
     }

@@ -20,6 +20,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start: `serve`'s many options make it large, which costs nothing here.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Generate text for a prompt and stream it to stdout.
@@ -129,6 +131,11 @@ enum Command {
         /// Where the disk tier lives (default: the platform cache directory's `prefix`).
         #[arg(long)]
         prefix_cache_dir: Option<PathBuf>,
+        /// Answer a model name clients send with an installed model: PATTERN=MODEL, `*` in the
+        /// pattern matches anything, MODEL `default` is --model (repeatable; on top of
+        /// `claude-*=default` and `gpt-*=default`).
+        #[arg(long, value_name = "PATTERN=MODEL")]
+        model_alias: Vec<String>,
     },
     /// Import a GGUF file as an installed model (MLX layout).
     Import {
@@ -277,7 +284,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                         | TurnEvent::ToolCallArgs { .. } => {}
                         // Reasoning goes to stderr, so stdout is the answer alone.
                         TurnEvent::Reasoning { text } => eprint!("{text}"),
-                        TurnEvent::End(end) => return Ok(end),
+                        TurnEvent::End(end) => return Ok(*end),
                         TurnEvent::Failed(e) => return Err(e),
                     }
                 }
@@ -360,6 +367,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             prefix_cache_mb,
             prefix_cache_disk_mb,
             prefix_cache_dir,
+            model_alias,
         } => {
             use perch_engine::runtime::{Engine, EngineConfig};
             use perch_engine::server::{ServeConfig, Server};
@@ -402,6 +410,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     prefix_cache_dir.unwrap_or_else(perch_engine::paths::prefix_cache_dir),
                 ),
             };
+            let mut aliases: std::collections::BTreeMap<String, String> =
+                perch_engine::runtime::ModelAliases::defaults().into_iter().collect();
+            for a in &model_alias {
+                let (p, m) = a.split_once('=').ok_or_else(|| {
+                    anyhow::anyhow!("--model-alias must be PATTERN=MODEL, not `{a}`")
+                })?;
+                aliases.insert(p.to_string(), m.to_string());
+            }
+            config.model_aliases = perch_engine::runtime::ModelAliases::new(aliases)
+                .map_err(|e| anyhow::anyhow!("--model-alias: {e}"))?;
             let engine = Engine::start(config)?;
             let log_dir = match log_dir.as_deref() {
                 Some("none") => None,

@@ -443,3 +443,31 @@ async fn concurrent_starts_are_refused_before_any_tokenizing_and_chats_are_cappe
     wait_for_end(&s, Duration::from_secs(30)).await;
     s.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_that_dies_mid_work_is_closed_by_the_run_end() {
+    let models = tempfile::tempdir().unwrap();
+    install_fixture("qwen3-mtp", &models.path().join("qwen3-mtp"));
+    let s = start(models.path(), "qwen3-mtp").await;
+    // The window panics after it has stamped its start: nothing in the window closes it.
+    s.front.app().unwrap().training.panic_next_window();
+    let body = json!({"adapter": "dies", "text": pattern_text(4000), "seq_len": 64, "epochs": 5});
+    let (code, st) = call(&s, Method::POST, "/train", Some(body)).await;
+    assert_eq!(code, 201, "{st}");
+    let st = wait_for_end(&s, Duration::from_secs(30)).await;
+    assert_eq!(st["state"], "failed", "{st}");
+    assert_eq!(st["in_window"], false, "a dead window still reads as running: {st}");
+    let (_, health) = call(&s, Method::GET, "/health", None).await;
+    assert_eq!(health["leases"]["total"], 0, "{health}");
+    // Later turns are clean, not overlapped by a window that will never end.
+    let before = st["turns_overlapped"].as_u64().unwrap();
+    let (code, r) = complete(&s, "qwen3-mtp", "baga dase", 32).await;
+    assert_eq!(code, 200, "{r}");
+    let (_, after) = call(&s, Method::GET, "/train", None).await;
+    assert_eq!(after["turns_overlapped"].as_u64().unwrap(), before, "{after}");
+    assert!(
+        after["turns_clean"].as_u64().unwrap() > st["turns_clean"].as_u64().unwrap(),
+        "{after}"
+    );
+    s.shutdown().await;
+}

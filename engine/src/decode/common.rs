@@ -93,6 +93,8 @@ pub struct Generation {
     pub finished_at: Instant,
     /// Prompt tokens whose keys and values came from the prefix cache (not prefilled).
     pub cached_tokens: usize,
+    /// The stop string that ended the answer, when one did.
+    pub stop_sequence: Option<String>,
 }
 
 /// A generated token's log-probability under the model (log-softmax of its logits, before
@@ -511,6 +513,7 @@ impl<'a> Output<'a> {
             logprobs: self.logprobs,
             finished_at: Instant::now(),
             cached_tokens: 0,
+            stop_sequence: self.stops.matched().map(String::from),
         })
     }
 }
@@ -531,5 +534,6 @@ pub(crate) fn cancelled_early(prompt_tokens: usize, start: Instant) -> Generatio
         logprobs: vec![],
         finished_at: Instant::now(),
         cached_tokens: 0,
+        stop_sequence: None,
     }
 }

@@ -5,7 +5,8 @@
 pub struct StopMatcher {
     stops: Vec<String>,
     pending: String,
-    hit: bool,
+    /// The stop string that ended the text, once one has.
+    matched: Option<String>,
 }
 
 impl StopMatcher {
@@ -13,21 +14,29 @@ impl StopMatcher {
         StopMatcher {
             stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
             pending: String::new(),
-            hit: false,
+            matched: None,
         }
     }
 
     /// Add text; returns what is safe to emit and whether a stop string was found (text from
     /// the stop string on is dropped).
     pub fn push(&mut self, piece: &str) -> (String, bool) {
-        if self.hit {
+        if self.matched.is_some() {
             return (String::new(), true);
         }
         self.pending.push_str(piece);
-        if let Some(at) = self.stops.iter().filter_map(|s| self.pending.find(s.as_str())).min() {
+        // The earliest match wins; at one position, the longest stop string.
+        let found = self
+            .stops
+            .iter()
+            .filter_map(|s| {
+                self.pending.find(s.as_str()).map(|at| (at, std::cmp::Reverse(s.len()), s))
+            })
+            .min();
+        if let Some((at, _, stop)) = found {
             let out = self.pending[..at].to_string();
+            self.matched = Some(stop.clone());
             self.pending.clear();
-            self.hit = true;
             return (out, true);
         }
         let hold = self.longest_partial_suffix();
@@ -39,7 +48,12 @@ impl StopMatcher {
 
     /// Whether a stop string was found.
     pub fn hit(&self) -> bool {
-        self.hit
+        self.matched.is_some()
+    }
+
+    /// The stop string that was found.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// The generation ended without a stop string: what was held back is output after all.
@@ -96,6 +110,11 @@ mod tests {
     #[test]
     fn earliest_of_several_stops_wins() {
         assert_eq!(feed(&["zz", "b"], &["a", "bzz"]), ("a".into(), true));
+        // Which one matched is kept (Anthropic's `stop_sequence`).
+        let mut m = StopMatcher::new(&["zz".into(), "b".into(), "bz".into()]);
+        m.push("a");
+        m.push("bzz");
+        assert_eq!(m.matched(), Some("bz"));
     }
 
     #[test]

@@ -71,6 +71,8 @@ pub struct EngineConfig {
     pub ladder: LadderConfig,
     /// The prefix cache's tiers (docs/prefix-cache.md).
     pub prefix_cache: PrefixCacheConfig,
+    /// Names clients send (`claude-*`) mapped to installed models (docs/api-fields.md).
+    pub model_aliases: super::ModelAliases,
 }
 
 impl EngineConfig {
@@ -99,6 +101,8 @@ impl Default for EngineConfig {
             warmup_deadline: Duration::from_secs(30),
             ladder: LadderConfig::default(),
             prefix_cache: PrefixCacheConfig::default(),
+            model_aliases: super::ModelAliases::new(super::model_ref::ModelAliases::defaults())
+                .unwrap_or_default(),
         }
     }
 }
@@ -351,7 +355,26 @@ impl Engine {
 
     /// `model_info` for a reference parsed already.
     pub fn resolve(&self, r: &ModelRef) -> Result<ModelInfo> {
-        let info = self.base_info(&r.base)?;
+        let info = match self.base_info(&r.base) {
+            // A name a client sends for a model Perch does not have (`claude-sonnet-4-5`):
+            // answered by the model its alias names, which the response then names.
+            Err(EngineError::ModelNotFound(_)) if r.adapter.is_none() => {
+                match self.config.model_aliases.lookup(&r.base) {
+                    Some(super::model_ref::DEFAULT_TARGET) => self.base_info(&self.config.model)?,
+                    Some(target) => {
+                        let target: ModelRef = target.parse()?;
+                        let info = self.base_info(&target.base)?;
+                        return self.with_adapter(info, &target);
+                    }
+                    None => return Err(EngineError::ModelNotFound(r.base.clone())),
+                }
+            }
+            other => other?,
+        };
+        self.with_adapter(info, r)
+    }
+
+    fn with_adapter(&self, info: ModelInfo, r: &ModelRef) -> Result<ModelInfo> {
         let Some(name) = &r.adapter else { return Ok(info) };
         let dir = crate::model::lora::adapter_dir(&self.config.models_dir, &info.id, name);
         if !crate::model::lora::valid_name(name) || !dir.join("adapters.safetensors").is_file() {

@@ -13,27 +13,18 @@ use crate::error::EngineError;
 #[derive(Debug)]
 pub enum TurnEvent {
     /// New text, with the log-probabilities of the tokens it came from (when asked for).
-    Delta {
-        text: String,
-        logprobs: Vec<TokenLogprob>,
-    },
+    Delta { text: String, logprobs: Vec<TokenLogprob> },
     /// A call the model made (only when the turn offered tools); its text never appears in
     /// a `Delta`.
     ToolCall(ToolCall),
     /// A call whose arguments follow in `ToolCallArgs` events, as they are generated.
-    ToolCallStart {
-        id: String,
-        name: String,
-    },
+    ToolCallStart { id: String, name: String },
     /// The next part of the last started call's arguments (JSON text).
-    ToolCallArgs {
-        text: String,
-    },
+    ToolCallArgs { text: String },
     /// Reasoning text (a thinking model's `<think>` block); never in a `Delta`.
-    Reasoning {
-        text: String,
-    },
-    End(TurnEnd),
+    Reasoning { text: String },
+    /// Boxed: the whole generation rides along, and deltas are the common event.
+    End(Box<TurnEnd>),
     /// The generation failed after the turn started.
     Failed(EngineError),
 }

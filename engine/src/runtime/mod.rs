@@ -23,8 +23,9 @@ pub use foreground::{Foreground, ForegroundSnapshot, UserRequest};
 pub use gate::{Gate, GateError, GatePermit, Policy};
 pub use ladder::{LadderConfig, LadderState, WarmupLadder};
 pub use lease::{Lease, Leases};
-pub use model_ref::{ModelRef, ModelRefError};
+pub use model_ref::{ModelAliases, ModelRef, ModelRefError};
 pub use observe::{LastTurn, TurnMark, TurnObserver};
 pub use turn::{
-    Arrival, DraftChoice, Prompt, ResponseFormat, Turn, TurnEnd, TurnEvent, TurnHandle, Usage,
+    count_prompt_tokens, Arrival, DraftChoice, Prompt, ResponseFormat, Turn, TurnEnd, TurnEvent,
+    TurnHandle, Usage,
 };

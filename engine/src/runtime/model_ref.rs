@@ -54,9 +54,103 @@ impl fmt::Display for ModelRef {
     }
 }
 
+/// Names clients send for models Perch does not have, mapped to installed ones: coding agents
+/// ask for `claude-sonnet-4-5` or `gpt-5` whatever the server holds. Patterns are names with
+/// `*` standing for any run of characters; an exact pattern wins over globs, and a longer
+/// glob over a shorter one. The target `default` is the default model.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ModelAliases(Vec<(String, String)>);
+
+/// The target that means "the default model".
+pub const DEFAULT_TARGET: &str = "default";
+/// At most this many aliases (each lookup tries them all).
+pub const MAX_ALIASES: usize = 64;
+
+impl ModelAliases {
+    /// Checked aliases, or why they cannot be used (naming the pattern).
+    pub fn new(pairs: impl IntoIterator<Item = (String, String)>) -> Result<ModelAliases, String> {
+        let mut out: Vec<(String, String)> = vec![];
+        for (pattern, target) in pairs {
+            if pattern.is_empty()
+                || pattern.len() > MAX_LEN
+                || pattern.chars().any(char::is_control)
+            {
+                return Err(format!(
+                    "alias pattern `{pattern}` must be 1 to {MAX_LEN} printable characters"
+                ));
+            }
+            if target != DEFAULT_TARGET {
+                target.parse::<ModelRef>().map_err(|e| format!("alias `{pattern}`: {e}"))?;
+            }
+            out.push((pattern, target));
+        }
+        if out.len() > MAX_ALIASES {
+            return Err(format!("at most {MAX_ALIASES} aliases, not {}", out.len()));
+        }
+        // Exact names first, then globs from the longest (the most specific) down.
+        out.sort_by_key(|(p, _)| (p.contains('*'), std::cmp::Reverse(p.len())));
+        Ok(ModelAliases(out))
+    }
+
+    /// What a fresh install maps: Anthropic's and OpenAI's model names, to the default model.
+    pub fn defaults() -> Vec<(String, String)> {
+        ["claude-*", "gpt-*"].iter().map(|p| (p.to_string(), DEFAULT_TARGET.to_string())).collect()
+    }
+
+    /// The target `name` is mapped to, if any.
+    pub fn lookup(&self, name: &str) -> Option<&str> {
+        self.0.iter().find(|(p, _)| glob(p, name)).map(|(_, t)| t.as_str())
+    }
+}
+
+/// Whether `name` matches `pattern`, where `*` matches any run of characters (greedy with
+/// backtracking to the last star: linear in practice, quadratic at worst, and both are short).
+fn glob(pattern: &str, name: &str) -> bool {
+    let (p, n) = (pattern.as_bytes(), name.as_bytes());
+    let (mut i, mut j) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while j < n.len() {
+        if i < p.len() && p[i] == b'*' {
+            star = Some((i, j));
+            i += 1;
+        } else if i < p.len() && p[i] == n[j] {
+            i += 1;
+            j += 1;
+        } else if let Some((si, sj)) = star {
+            i = si + 1;
+            j = sj + 1;
+            star = Some((si, sj + 1));
+        } else {
+            return false;
+        }
+    }
+    p[i..].iter().all(|&c| c == b'*')
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn aliases_match_exact_names_before_globs_and_longer_globs_first() {
+        let a = ModelAliases::new([
+            ("claude-*".to_string(), "default".to_string()),
+            ("claude-haiku-*".to_string(), "gemma".to_string()),
+            ("claude-haiku-4-5".to_string(), "qwen+fast".to_string()),
+        ])
+        .unwrap();
+        assert_eq!(a.lookup("claude-sonnet-4-5-20250929"), Some("default"));
+        assert_eq!(a.lookup("claude-haiku-3"), Some("gemma"));
+        assert_eq!(a.lookup("claude-haiku-4-5"), Some("qwen+fast"));
+        assert_eq!(a.lookup("claud"), None);
+        assert_eq!(a.lookup("gpt-5"), None);
+        assert!(glob("*", ""));
+        assert!(glob("a*b*c", "aXXbYYbc"));
+        assert!(!glob("a*b*c", "aXXbYYb"));
+        assert!(glob("*-mini", "gpt-4o-mini"));
+        assert!(ModelAliases::new([("x".into(), "a+b+c".into())]).is_err());
+        assert!(ModelAliases::new([("".into(), "default".into())]).is_err());
+    }
 
     #[test]
     fn parses_and_prints() {

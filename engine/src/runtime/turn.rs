@@ -227,6 +227,29 @@ impl Arrival {
     }
 }
 
+/// The prompt's length in tokens as `turn` would render it, without generating (Anthropic's
+/// `count_tokens`): the model's template and tokenizer, off the async threads and under the
+/// same deadline as a turn's. The model need not be loaded.
+pub async fn count_prompt_tokens(engine: &Arc<Engine>, turn: Turn) -> Result<usize> {
+    let (engine, model) = (engine.clone(), turn.model);
+    let asked = Asked {
+        prompt: turn.prompt,
+        tools: turn.tools,
+        choice: turn.tool_choice,
+        kwargs: turn.template_kwargs,
+        format: turn.response_format,
+    };
+    let work = tokio::task::spawn_blocking(move || {
+        let info = engine.resolve(&model)?;
+        Ok::<_, EngineError>(prepare(&info, asked)?.ids.len())
+    });
+    match tokio::time::timeout(PREPARE_DEADLINE, work).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => Err(EngineError::Internal(format!("preparing failed: {e}"))),
+        Err(_) => Err(EngineError::PrepareDeadline(PREPARE_DEADLINE.as_secs())),
+    }
+}
+
 /// A started turn: its events, and its cancellation (dropping the handle cancels it; the
 /// generation stops within one step).
 pub struct TurnHandle {
@@ -259,7 +282,7 @@ impl TurnHandle {
                 | TurnEvent::ToolCallStart { .. }
                 | TurnEvent::ToolCallArgs { .. }
                 | TurnEvent::Reasoning { .. } => {}
-                TurnEvent::End(end) => return Ok(end),
+                TurnEvent::End(end) => return Ok(*end),
                 TurnEvent::Failed(e) => return Err(e),
             }
         }
@@ -339,7 +362,7 @@ impl Running {
         // may start, and /health already counts this one.
         drop(held);
         let _ = tx.send(match result {
-            Ok(g) => TurnEvent::End(TurnEnd {
+            Ok(g) => TurnEvent::End(Box::new(TurnEnd {
                 finish_reason: g.finish_reason,
                 usage: Usage {
                     prompt_tokens: prompt.len(),
@@ -348,7 +371,7 @@ impl Running {
                 },
                 ttft: ttft.unwrap_or_default(),
                 generation: g,
-            }),
+            })),
             Err(e) => TurnEvent::Failed(e),
         });
     }

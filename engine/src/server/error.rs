@@ -1,4 +1,6 @@
-//! API errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+//! API errors, typed inside and rendered at the edge in the shape of the protocol that was
+//! spoken: OpenAI's `{"error": {"message", "type", "param", "code"}}` (Perch's own routes too)
+//! or Anthropic's `{"type": "error", "error": {"type", "message"}}`.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -113,18 +115,75 @@ impl From<EngineError> for ApiError {
     }
 }
 
+/// Which protocol a request spoke, so its errors come back in that protocol's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    OpenAi,
+    Anthropic,
+}
+
+impl Dialect {
+    /// The protocol a route belongs to (the guard's errors come before any handler).
+    pub fn of_path(path: &str) -> Dialect {
+        if path == "/v1/messages" || path.starts_with("/v1/messages/") {
+            Dialect::Anthropic
+        } else {
+            Dialect::OpenAi
+        }
+    }
+}
+
 impl ApiError {
     pub fn body(&self) -> serde_json::Value {
         json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+
+    /// Anthropic's error type and status for this error: a full queue is `overloaded_error`
+    /// (529), which Anthropic's clients retry.
+    fn anthropic(&self) -> (StatusCode, &'static str) {
+        let busy = self.status == StatusCode::TOO_MANY_REQUESTS && self.kind == "rate_limit_error";
+        if busy {
+            return (StatusCode::from_u16(529).unwrap_or(self.status), "overloaded_error");
+        }
+        let kind = match self.status.as_u16() {
+            400 | 415 | 422 => "invalid_request_error",
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 => "overloaded_error",
+            _ => "api_error",
+        };
+        (self.status, kind)
+    }
+
+    /// The body in `dialect`'s shape.
+    pub fn body_as(&self, dialect: Dialect) -> serde_json::Value {
+        match dialect {
+            Dialect::OpenAi => self.body(),
+            Dialect::Anthropic => {
+                json!({"type": "error", "error": {"type": self.anthropic().1, "message": self.message}})
+            }
+        }
+    }
+
+    /// The response in `dialect`'s shape.
+    pub fn into_response_as(self, dialect: Dialect) -> Response {
+        let status = match dialect {
+            Dialect::OpenAi => self.status,
+            Dialect::Anthropic => self.anthropic().0,
+        };
+        let mut r = (status, axum::Json(self.body_as(dialect))).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        r
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut r = (self.status, axum::Json(self.body())).into_response();
-        if let Some(s) = self.retry_after {
-            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(s));
-        }
-        r
+        self.into_response_as(Dialect::OpenAi)
     }
 }

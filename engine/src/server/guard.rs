@@ -12,7 +12,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
-use super::error::ApiError;
+use super::error::{ApiError, Dialect};
 use super::Front;
 
 /// Whether `host` (a Host header: name or address, optional port) is this machine by a
@@ -82,23 +82,26 @@ fn static_page(req: &Request) -> bool {
     matches!(*req.method(), Method::GET | Method::HEAD) && super::ui::serves(req.uri().path())
 }
 
+/// The key as OpenAI's clients send it (`Authorization: Bearer`) or Anthropic's (`x-api-key`).
 fn key_ok(headers: &HeaderMap, key: &str) -> bool {
-    let given = headers
+    let bearer = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let given =
+        bearer.or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok())).unwrap_or("");
     // Constant time in the key's content (the length may show; it is not secret).
     given.len() == key.len() && bool::from(given.as_bytes().ct_eq(key.as_bytes()))
 }
 
 pub async fn guard(State(front): State<Arc<Front>>, req: Request, next: Next) -> Response {
     let config = front.guard_config();
+    let dialect = Dialect::of_path(req.uri().path());
     let headers = req.headers();
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
     if !config.any_host && !host_allowed(host, &config.allowed_hosts) {
         let e = ApiError::new(StatusCode::FORBIDDEN, "permission_error", format!("Host `{host}` is not allowed: use 127.0.0.1 or localhost, or add the name to the allowed hosts")).code("host_not_allowed");
-        return e.into_response();
+        return e.into_response_as(dialect);
     }
     let origin = headers.get(header::ORIGIN).and_then(|o| o.to_str().ok()).map(String::from);
     if let Some(o) = &origin {
@@ -109,7 +112,7 @@ pub async fn guard(State(front): State<Arc<Front>>, req: Request, next: Next) ->
                 format!("Origin `{o}` is not allowed to use this API (configure allowed origins)"),
             )
             .code("origin_not_allowed");
-            return e.into_response();
+            return e.into_response_as(dialect);
         }
         if req.method() == Method::OPTIONS {
             return cors(StatusCode::NO_CONTENT.into_response(), o);
@@ -121,14 +124,14 @@ pub async fn guard(State(front): State<Arc<Front>>, req: Request, next: Next) ->
                 format!("Origin `{o}` may use the API but not change Perch's settings or models"),
             )
             .code("origin_not_allowed");
-            return cors(e.into_response(), o);
+            return cors(e.into_response_as(dialect), o);
         }
     }
     if control_write(&req) {
         if let Some(why) = body_refusal(headers) {
             let e = ApiError::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "invalid_request_error", why)
                 .code("unsupported_media_type");
-            return e.into_response();
+            return e.into_response_as(dialect);
         }
     }
     if let Some(key) = config.api_key.as_ref().filter(|_| !static_page(&req)) {
@@ -136,10 +139,10 @@ pub async fn guard(State(front): State<Arc<Front>>, req: Request, next: Next) ->
             let e = ApiError::new(
                 StatusCode::UNAUTHORIZED,
                 "authentication_error",
-                "A valid API key is required: `Authorization: Bearer <key>`",
+                "A valid API key is required: `Authorization: Bearer <key>` or `x-api-key: <key>`",
             )
             .code("invalid_api_key");
-            return e.into_response();
+            return e.into_response_as(dialect);
         }
     }
     let response = next.run(req).await;
@@ -161,7 +164,9 @@ fn cors(mut r: Response, origin: &str) -> Response {
     );
     h.insert(
         header::ACCESS_CONTROL_ALLOW_HEADERS,
-        HeaderValue::from_static("authorization, content-type"),
+        HeaderValue::from_static(
+            "authorization, content-type, x-api-key, anthropic-version, anthropic-beta",
+        ),
     );
     h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
     r

@@ -1,7 +1,8 @@
-//! The loopback HTTP API: OpenAI-compatible endpoints, `/health`, `/metrics`, the request
+//! The loopback HTTP API: OpenAI- and Anthropic-compatible endpoints, `/health`, `/metrics`, the request
 //! log, and the limits that keep a local engine safe (loopback by default, Host and Origin
 //! checks, optional API key, bounded queue and body size).
 
+pub mod anthropic;
 pub mod error;
 mod exchange;
 pub mod guard;
@@ -172,6 +173,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/models/{*id}", get(openai::model))
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/health", get(status::health))
         .route("/metrics", get(status::metrics))
         .route("/openapi.json", get(status::openapi))
@@ -241,7 +244,7 @@ async fn dispatch(State(front): State<Arc<Front>>, req: Request) -> Response {
             let why = front.unavailable.read_now().clone();
             let mut r = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", why)
                 .code("engine_restarting")
-                .into_response();
+                .into_response_as(error::Dialect::of_path(req.uri().path()));
             r.headers_mut()
                 .insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
             r

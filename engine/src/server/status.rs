@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::error::ApiError;
+use super::error::{ApiError, Dialect};
 use super::openai::model_list;
 use super::App;
 
@@ -65,22 +65,22 @@ pub async fn openapi(State(app): State<Arc<App>>) -> Response {
     Json(doc).into_response()
 }
 
-pub async fn not_found() -> Response {
+pub async fn not_found(uri: axum::http::Uri) -> Response {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "not_found_error",
         "No such endpoint (see GET /openapi.json)",
     )
     .code("unknown_url")
-    .into_response()
+    .into_response_as(Dialect::of_path(uri.path()))
 }
 
-pub async fn method_not_allowed() -> Response {
+pub async fn method_not_allowed(uri: axum::http::Uri) -> Response {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "invalid_request_error",
         "Method not allowed for this endpoint",
     )
     .code("method_not_allowed")
-    .into_response()
+    .into_response_as(Dialect::of_path(uri.path()))
 }

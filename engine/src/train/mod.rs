@@ -41,6 +41,8 @@ pub struct Training {
     /// A run being prepared (its data tokenized) before it is installed: one at a time.
     preparing: std::sync::atomic::AtomicBool,
     next_turn: AtomicU64,
+    /// Fault injection for tests: the next window's work panics on the MLX thread.
+    panic_next_window: std::sync::atomic::AtomicBool,
 }
 
 impl Default for Training {
@@ -51,6 +53,7 @@ impl Default for Training {
             run: Mutex::default(),
             preparing: std::sync::atomic::AtomicBool::new(false),
             next_turn: AtomicU64::new(0),
+            panic_next_window: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -127,6 +130,17 @@ impl Training {
     /// last window. Each returns the time it stamped.
     fn window_started(&self) -> f64 {
         self.mark(true, Receipt::window_started)
+    }
+
+    /// Tests only: make the next window panic after it has started, as a bug in a trainer
+    /// would, so that what closes an abandoned window can be checked.
+    #[doc(hidden)]
+    pub fn panic_next_window(&self) {
+        self.panic_next_window.store(true, Ordering::SeqCst);
+    }
+
+    fn take_window_panic(&self) -> bool {
+        self.panic_next_window.swap(false, Ordering::SeqCst)
     }
 
     fn window_ended(&self) -> f64 {

@@ -499,6 +499,9 @@ async fn windows(engine: &Weak<Engine>, training: &Arc<Training>, run: &Arc<Run>
                 )));
             };
             let start = t.window_started();
+            if t.take_window_panic() {
+                panic!("injected fault: a training window panicked");
+            }
             let report = trainer.work(model, k, &|| r.cancelled());
             let end = t.window_ended();
             Ok((report?, (start, end)))

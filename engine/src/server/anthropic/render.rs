@@ -1,0 +1,295 @@
+//! A turn's events as Anthropic's Messages API answers: one `message` body, or the event
+//! stream (`message_start`, content blocks opened, filled by deltas and closed, one
+//! `message_delta` with the stop reason and usage, `message_stop`; `ping` while waiting).
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures_util::stream::{self, Stream};
+use serde_json::{json, Value};
+
+use super::Wire;
+use crate::chat::ToolCall;
+use crate::decode::FinishReason;
+use crate::error::EngineError;
+use crate::runtime::{TurnEnd, TurnEvent, Usage};
+use crate::server::error::{ApiError, Dialect};
+use crate::server::exchange::Exchange;
+
+/// Anthropic counts prompt tokens read from a cache apart from `input_tokens`.
+fn usage(u: Usage) -> Value {
+    json!({
+        "input_tokens": u.prompt_tokens - u.cached_tokens,
+        "output_tokens": u.completion_tokens,
+        "cache_read_input_tokens": u.cached_tokens,
+        "cache_creation_input_tokens": 0,
+    })
+}
+
+/// `stop_reason` and `stop_sequence`: a call ends the answer as `tool_use`; a stop string
+/// is reported only when it is one the client sent (not the end of a call Perch added).
+fn stop_of(end: &TurnEnd, called: bool, wire: &Wire) -> (&'static str, Value) {
+    let matched = end.generation.stop_sequence.as_ref().filter(|s| wire.stop_sequences.contains(s));
+    match (end.finish_reason, called, matched) {
+        (FinishReason::Length, _, _) => ("max_tokens", Value::Null),
+        (_, true, _) => ("tool_use", Value::Null),
+        (FinishReason::Stop, _, Some(s)) => ("stop_sequence", Value::from(s.as_str())),
+        _ => ("end_turn", Value::Null),
+    }
+}
+
+fn engine_error(e: &EngineError) -> ApiError {
+    ApiError::engine(e, "messages")
+}
+
+fn no_result() -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        "the generation ended without a result",
+    )
+}
+
+/// A call's arguments as the object Anthropic's `input` is (a model's malformed arguments
+/// come back as the text they were, under `_raw`, rather than being lost).
+fn input_of(c: &ToolCall) -> Value {
+    match serde_json::from_str::<Value>(&c.arguments) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => json!({"_raw": c.arguments}),
+    }
+}
+
+/// The whole answer as one `message`.
+pub(super) async fn collect(mut x: Exchange<Wire>) -> Response {
+    let (mut text, mut reasoning, mut calls) =
+        (String::new(), String::new(), Vec::<ToolCall>::new());
+    let mut thought = false;
+    while let Some(ev) = x.handle.next().await {
+        let end = match ev {
+            TurnEvent::Delta { text: t, .. } => {
+                text.push_str(&t);
+                continue;
+            }
+            TurnEvent::Reasoning { text: t } => {
+                // `display: omitted`: the block stays, its text does not.
+                if !x.wire.omit_thinking {
+                    reasoning.push_str(&t);
+                }
+                thought = true;
+                continue;
+            }
+            TurnEvent::ToolCall(c) => {
+                calls.push(c);
+                continue;
+            }
+            TurnEvent::ToolCallStart { id, name } => {
+                calls.push(ToolCall { id, name, arguments: String::new() });
+                continue;
+            }
+            TurnEvent::ToolCallArgs { text: t } => {
+                if let Some(c) = calls.last_mut() {
+                    c.arguments.push_str(&t);
+                }
+                continue;
+            }
+            TurnEvent::Failed(e) => return engine_error(&e).into_response_as(Dialect::Anthropic),
+            TurnEvent::End(end) => end,
+        };
+        let mut content = vec![];
+        if thought {
+            content.push(json!({"type": "thinking", "thinking": reasoning, "signature": ""}));
+        }
+        if !text.is_empty() || (calls.is_empty() && content.is_empty()) {
+            content.push(json!({"type": "text", "text": text}));
+        }
+        for c in &calls {
+            content.push(
+                json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input_of(c)}),
+            );
+        }
+        let (stop_reason, stop_sequence) = stop_of(&end, !calls.is_empty(), &x.wire);
+        return Json(json!({
+            "id": x.id, "type": "message", "role": "assistant", "model": x.handle.model,
+            "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence,
+            "usage": usage(end.usage),
+        }))
+        .into_response();
+    }
+    no_result().into_response_as(Dialect::Anthropic)
+}
+
+/// The content block open in a stream.
+#[derive(Clone, Copy, PartialEq)]
+enum Open {
+    None,
+    Text,
+    Thinking,
+    Tool,
+}
+
+struct SseState {
+    x: Exchange<Wire>,
+    queue: VecDeque<Event>,
+    started: bool,
+    done: bool,
+    open: Open,
+    /// The next block's index.
+    blocks: usize,
+    called: bool,
+}
+
+fn event(kind: &str, data: Value) -> Event {
+    Event::default().event(kind).data(data.to_string())
+}
+
+impl SseState {
+    fn push(&mut self, kind: &str, data: Value) {
+        self.queue.push_back(event(kind, data));
+    }
+
+    fn close(&mut self) {
+        if self.open == Open::None {
+            return;
+        }
+        let index = self.blocks - 1;
+        if self.open == Open::Thinking {
+            // No signature: reasoning made here is not Anthropic's to sign.
+            self.push(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": index, "delta": {"type": "signature_delta", "signature": ""}}),
+            );
+        }
+        self.push("content_block_stop", json!({"type": "content_block_stop", "index": index}));
+        self.open = Open::None;
+    }
+
+    /// Make `want` the open block (opening it with `block` when it is not).
+    fn ensure(&mut self, want: Open, block: Value) -> usize {
+        if self.open != want || want == Open::Tool {
+            self.close();
+            let index = self.blocks;
+            self.blocks += 1;
+            self.open = want;
+            self.push(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": index, "content_block": block}),
+            );
+        }
+        self.blocks - 1
+    }
+
+    fn delta(&mut self, index: usize, delta: Value) {
+        self.push(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": index, "delta": delta}),
+        );
+    }
+
+    fn on(&mut self, ev: Option<TurnEvent>) {
+        match ev {
+            Some(TurnEvent::Delta { text, .. }) => {
+                if text.is_empty() {
+                    return;
+                }
+                let i = self.ensure(Open::Text, json!({"type": "text", "text": ""}));
+                self.delta(i, json!({"type": "text_delta", "text": text}));
+            }
+            Some(TurnEvent::Reasoning { text }) => {
+                let i = self.ensure(
+                    Open::Thinking,
+                    json!({"type": "thinking", "thinking": "", "signature": ""}),
+                );
+                if !self.x.wire.omit_thinking {
+                    self.delta(i, json!({"type": "thinking_delta", "thinking": text}));
+                }
+            }
+            Some(TurnEvent::ToolCallStart { id, name }) => {
+                self.called = true;
+                self.ensure(
+                    Open::Tool,
+                    json!({"type": "tool_use", "id": id, "name": name, "input": {}}),
+                );
+            }
+            Some(TurnEvent::ToolCallArgs { text }) => {
+                if self.open == Open::Tool {
+                    let i = self.blocks - 1;
+                    self.delta(i, json!({"type": "input_json_delta", "partial_json": text}));
+                }
+            }
+            Some(TurnEvent::ToolCall(c)) => {
+                self.called = true;
+                let i = self.ensure(
+                    Open::Tool,
+                    json!({"type": "tool_use", "id": c.id, "name": c.name, "input": {}}),
+                );
+                let args = input_of(&c).to_string();
+                self.delta(i, json!({"type": "input_json_delta", "partial_json": args}));
+            }
+            Some(TurnEvent::End(end)) => {
+                self.close();
+                let (stop_reason, stop_sequence) = stop_of(&end, self.called, &self.x.wire);
+                self.push(
+                    "message_delta",
+                    json!({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}, "usage": usage(end.usage)}),
+                );
+                self.push("message_stop", json!({"type": "message_stop"}));
+                self.done = true;
+            }
+            Some(TurnEvent::Failed(e)) => self.fail(engine_error(&e)),
+            None => self.fail(no_result()),
+        }
+    }
+
+    fn fail(&mut self, e: ApiError) {
+        self.push("error", e.body_as(Dialect::Anthropic));
+        self.done = true;
+    }
+}
+
+/// The answer as Anthropic's event stream. `ping` events keep a client's read timeout at
+/// bay while a long prompt prefills.
+pub(super) fn sse(
+    x: Exchange<Wire>,
+    keep_alive: std::time::Duration,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let state = SseState {
+        x,
+        queue: VecDeque::new(),
+        started: false,
+        done: false,
+        open: Open::None,
+        blocks: 0,
+        called: false,
+    };
+    let events = stream::unfold(state, |mut s| async move {
+        loop {
+            if let Some(ev) = s.queue.pop_front() {
+                return Some((Ok(ev), s));
+            }
+            if s.done {
+                return None;
+            }
+            if !s.started {
+                s.started = true;
+                // Cached tokens are known once the turn ends: the final usage has them.
+                let prompt = s.x.handle.prompt_tokens;
+                let message = json!({
+                    "id": s.x.id, "type": "message", "role": "assistant", "model": s.x.handle.model,
+                    "content": [], "stop_reason": null, "stop_sequence": null,
+                    "usage": {"input_tokens": prompt, "output_tokens": 0, "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0},
+                });
+                s.push("message_start", json!({"type": "message_start", "message": message}));
+                s.push("ping", json!({"type": "ping"}));
+                continue;
+            }
+            let ev = s.x.handle.next().await;
+            s.on(ev);
+        }
+    });
+    let ping = event("ping", json!({"type": "ping"}));
+    Sse::new(events).keep_alive(KeepAlive::new().interval(keep_alive).event(ping))
+}
