@@ -436,12 +436,17 @@ fn tools(v: Option<&Value>) -> Result<Vec<Tool>, ApiError> {
             }
             None => return Err(missing(&format!("{at}.input_schema"))),
         };
-        let mut function = json!({"name": name, "parameters": schema});
+        // In the order OpenAI's clients send a function, which templates print as given.
+        let mut function = Map::new();
+        function.insert("name".into(), Value::from(name.as_str()));
         match t.get("description") {
             None | Some(Value::Null) => {}
-            Some(Value::String(d)) => function["description"] = Value::from(d.as_str()),
+            Some(Value::String(d)) => {
+                function.insert("description".into(), Value::from(d.as_str()));
+            }
             Some(v) => return Err(wrong_type(&format!("{at}.description"), "a string", v)),
         }
+        function.insert("parameters".into(), schema);
         tools.push(Tool { name, definition: json!({"type": "function", "function": function}) });
     }
     Ok(tools)
