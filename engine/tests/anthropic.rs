@@ -236,3 +236,47 @@ async fn a_full_queue_is_overloaded_error_529() {
     assert_eq!(queued.await.unwrap().0, 200);
     s.shutdown().await;
 }
+
+/// Whether /health shows `id` loaded, polled for up to `within`, until it reads `want`.
+async fn loaded_becomes(s: &Server, want: bool, within: std::time::Duration) -> bool {
+    let t = std::time::Instant::now();
+    loop {
+        let (_, h) = get(s, "/health").await;
+        let loaded = h["model"]["id"] == "qwen3";
+        if loaded == want || t.elapsed() > within {
+            return loaded;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_is_honoured_on_both_protocols() {
+    let s = start(ServeConfig::default()).await;
+    let wait = std::time::Duration::from_secs(5);
+    // Ollama's semantics: 0 unloads the model once the request is done.
+    let (code, m) = post(&s, "/v1/messages", ask(json!({"keep_alive": 0}))).await;
+    assert_eq!(code, 200, "{m}");
+    assert!(!loaded_becomes(&s, false, wait).await, "keep_alive 0 left the model loaded");
+    // A duration keeps it (the engine's own keep-alive is 30 minutes; this says 10).
+    let chat = json!({"model": "qwen3", "max_tokens": 2, "keep_alive": "10m",
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let (code, c) = post(&s, "/v1/chat/completions", chat.clone()).await;
+    assert_eq!(code, 200, "{c}");
+    assert!(loaded_becomes(&s, true, wait).await);
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    assert!(loaded_becomes(&s, true, wait).await, "keep_alive 10m unloaded the model");
+    let mut zero = chat.clone();
+    zero["keep_alive"] = json!("0s");
+    assert_eq!(post(&s, "/v1/chat/completions", zero).await.0, 200);
+    assert!(!loaded_becomes(&s, false, wait).await, "keep_alive \"0s\" left the model loaded");
+    // A keep_alive that is not a duration is refused, naming it, in each protocol's shape.
+    let mut bad = chat;
+    bad["keep_alive"] = json!("soon");
+    let (code, e) = post(&s, "/v1/chat/completions", bad).await;
+    assert_eq!((code, e["error"]["param"].as_str()), (400, Some("keep_alive")), "{e}");
+    let (code, e) = post(&s, "/v1/messages", ask(json!({"keep_alive": [5]}))).await;
+    assert_eq!(code, 400, "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("keep_alive"), "{e}");
+    s.shutdown().await;
+}

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+pub use super::keep_alive::KeepAlive;
 use super::ladder::{LadderConfig, LadderStatus, WarmupLadder};
 use super::model_ref::ModelRef;
 use super::observe::{LastTurn, TurnObserver};
@@ -23,26 +24,6 @@ use crate::platform::ComputeDtype;
 use crate::prefix_cache::{PrefixCacheConfig, PrefixStats};
 use crate::sync::{LockExt, RwLockExt};
 use crate::tokenizer::Tokenizer;
-
-/// How long an unused model stays loaded (Ollama's keep_alive).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeepAlive {
-    For(Duration),
-    /// Unload as soon as no request uses it.
-    UnloadWhenIdle,
-    Forever,
-}
-
-impl KeepAlive {
-    /// Seconds: -1 forever, 0 unload after each request.
-    pub fn from_secs(s: i64) -> KeepAlive {
-        match s {
-            s if s < 0 => KeepAlive::Forever,
-            0 => KeepAlive::UnloadWhenIdle,
-            s => KeepAlive::For(Duration::from_secs(s as u64)),
-        }
-    }
-}
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -140,6 +121,8 @@ impl ModelInfo {
 pub(super) struct Resident {
     pub info: ModelInfo,
     pub last_used: Instant,
+    /// A request's `keep_alive` for this model, over the engine's own until it unloads.
+    pub keep_alive: Option<KeepAlive>,
     pub mtp_warm: Arc<AtomicBool>,
     warmup: Arc<Mutex<WarmupOutcome>>,
     ladder: Arc<WarmupLadder>,
@@ -256,6 +239,7 @@ impl Engine {
         self.resident.locked().push(Resident {
             info,
             last_used: Instant::now(),
+            keep_alive: None,
             mtp_warm: Arc::new(AtomicBool::new(false)),
             warmup: Arc::new(Mutex::new(WarmupOutcome::NotApplicable)),
             ladder,
@@ -503,18 +487,27 @@ impl Engine {
         Ok(())
     }
 
-    /// Unload models idle past the keep-alive.
+    /// From now on, `id` stays loaded for `keep_alive` after its last use (`None`: the
+    /// engine's own). Every turn sets it, with its request's `keep_alive` or none, as Ollama
+    /// does; `UnloadWhenIdle` unloads the model once its requests end.
+    pub fn set_keep_alive(&self, id: &str, keep_alive: Option<KeepAlive>) {
+        self.with_resident(id, |m| m.keep_alive = keep_alive);
+    }
+
+    /// Unload models idle past their keep-alive.
     async fn reap_idle(&self) {
-        let limit = match self.config.keep_alive {
-            KeepAlive::Forever => return,
-            KeepAlive::UnloadWhenIdle => Duration::ZERO,
-            KeepAlive::For(d) => d,
-        };
         let idle: Vec<String> = self
             .resident
             .locked()
             .iter()
-            .filter(|m| m.last_used.elapsed() >= limit && self.leases.count(&m.info.id) == 0)
+            .filter(|m| {
+                let due = match m.keep_alive.unwrap_or(self.config.keep_alive) {
+                    KeepAlive::Forever => false,
+                    KeepAlive::UnloadWhenIdle => true,
+                    KeepAlive::For(d) => m.last_used.elapsed() >= d,
+                };
+                due && self.leases.count(&m.info.id) == 0
+            })
             .map(|m| m.info.id.clone())
             .collect();
         for id in idle {

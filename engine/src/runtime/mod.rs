@@ -8,6 +8,7 @@ pub mod engine;
 pub mod event;
 pub mod foreground;
 pub mod gate;
+pub mod keep_alive;
 pub mod ladder;
 pub mod lease;
 pub mod model_ref;

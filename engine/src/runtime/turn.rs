@@ -58,6 +58,8 @@ pub struct Turn {
     pub parallel_tool_calls: bool,
     /// Chat template keyword arguments (`reasoning_effort`, `enable_thinking`, …).
     pub template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// How long the model stays loaded after this turn (`None`: the engine's setting).
+    pub keep_alive: Option<super::KeepAlive>,
 }
 
 impl Turn {
@@ -76,6 +78,7 @@ impl Turn {
             tool_choice: ToolChoice::Auto,
             parallel_tool_calls: true,
             template_kwargs: Default::default(),
+            keep_alive: None,
         }
     }
 }
@@ -174,6 +177,7 @@ impl Arrival {
         };
         // Pin the model (loading it if needed) before queueing for the gate.
         let lease = engine.lease_model(&info.id).await?;
+        engine.set_keep_alive(&info.id, turn.keep_alive);
         let draft = match turn.draft {
             DraftChoice::ModelDefault => {
                 engine.with_resident(&info.id, |m| m.info.draft.clone()).unwrap_or_default()

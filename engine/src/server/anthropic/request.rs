@@ -7,7 +7,7 @@ use serde_json::{json, Map, Value};
 use crate::chat::{ChatMessage, Tool, ToolChoice};
 use crate::config::SamplingDefaults;
 use crate::decode::sampler::SamplingParams;
-use crate::runtime::{ModelRef, Prompt, ResponseFormat, Turn};
+use crate::runtime::{KeepAlive, ModelRef, Prompt, ResponseFormat, Turn};
 use crate::server::error::ApiError;
 use crate::server::openai::request::kind;
 
@@ -58,6 +58,7 @@ const MESSAGES_ONLY: &[&str] = &[
     "user_profile_id",
     "workspace_id",
     "diagnostics",
+    "keep_alive",
 ];
 const REFUSED: &[(&str, &str)] = &[
     ("container", "code execution containers are not supported"),
@@ -207,9 +208,14 @@ pub fn parse(
     if let Some(e) = effort {
         template_kwargs.insert("reasoning_effort".into(), Value::from(e));
     }
+    let keep_alive = match get("keep_alive") {
+        None => None,
+        Some(v) => Some(KeepAlive::from_request(v).map_err(|e| bad("keep_alive", e))?),
+    };
     Ok(ParsedMessages {
         turn: Turn {
             max_tokens,
+            keep_alive,
             sampling,
             stop: stop_sequences.clone(),
             response_format,

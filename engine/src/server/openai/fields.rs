@@ -31,6 +31,7 @@ const COMMON_FIELDS: &[&str] = &[
     "stream_options",
     "logprobs",
     "logit_bias",
+    "keep_alive",
     // Accepted and ignored on purpose (docs/api-fields.md): they label or route a request
     // and change nothing a local server computes.
     "user",

@@ -307,9 +307,17 @@ pub fn parse_with(
             ))
         }
     }
+    let keep_alive = match b.get("keep_alive") {
+        None => None,
+        Some(v) => Some(
+            crate::runtime::KeepAlive::from_request(v)
+                .map_err(|e| ApiError::invalid("keep_alive", e))?,
+        ),
+    };
     Ok(ParsedRequest {
         turn: Turn {
             max_tokens,
+            keep_alive,
             sampling,
             stop,
             logprobs,
