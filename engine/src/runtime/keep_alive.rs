@@ -29,7 +29,7 @@ impl KeepAlive {
 
     fn from_secs_f64(s: f64) -> KeepAlive {
         match s {
-            s if s < 0.0 || s > MAX_SECS => KeepAlive::Forever,
+            s if !(0.0..=MAX_SECS).contains(&s) => KeepAlive::Forever,
             0.0 => KeepAlive::UnloadWhenIdle,
             s => KeepAlive::For(Duration::from_secs_f64(s)),
         }
