@@ -1,7 +1,7 @@
 //! Anthropic's Messages API over real HTTP on the fixture model: the answer's shape, the
 //! event stream's order, stop sequences, token counting, model aliases, the API key as
 //! `x-api-key`, and errors in Anthropic's shape. (Tool loops and the official `anthropic`
-//! client against the real instruct model: anthropic_client.rs.)
+//! client against the real instruct model: official_clients.rs.)
 
 mod common;
 

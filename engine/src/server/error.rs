@@ -120,6 +120,8 @@ impl From<EngineError> for ApiError {
 pub enum Dialect {
     OpenAi,
     Anthropic,
+    /// Ollama's `{"error": "message"}`.
+    Ollama,
 }
 
 impl Dialect {
@@ -127,6 +129,8 @@ impl Dialect {
     pub fn of_path(path: &str) -> Dialect {
         if path == "/v1/messages" || path.starts_with("/v1/messages/") {
             Dialect::Anthropic
+        } else if crate::server::ollama::ROUTES.contains(&path) {
+            Dialect::Ollama
         } else {
             Dialect::OpenAi
         }
@@ -165,6 +169,7 @@ impl ApiError {
             Dialect::Anthropic => {
                 json!({"type": "error", "error": {"type": self.anthropic().1, "message": self.message}})
             }
+            Dialect::Ollama => json!({"error": self.message}),
         }
     }
 
@@ -173,6 +178,11 @@ impl ApiError {
         let status = match dialect {
             Dialect::OpenAi => self.status,
             Dialect::Anthropic => self.anthropic().0,
+            // Ollama answers a full queue with 503.
+            Dialect::Ollama if self.status == StatusCode::TOO_MANY_REQUESTS => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Dialect::Ollama => self.status,
         };
         let mut r = (status, axum::Json(self.body_as(dialect))).into_response();
         if let Some(s) = self.retry_after {

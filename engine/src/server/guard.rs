@@ -48,8 +48,11 @@ fn origin_allowed(origin: &str, headers: &HeaderMap, allowed: &[String]) -> bool
 }
 
 /// A request that changes the app: settings, models, downloads (the control API's writes).
+/// Ollama's routes under `/api/` are the engine's, guarded like `/v1`.
 fn control_write(req: &Request) -> bool {
-    req.uri().path().starts_with("/api/")
+    let path = req.uri().path();
+    path.starts_with("/api/")
+        && !super::ollama::ROUTES.contains(&path)
         && matches!(*req.method(), Method::POST | Method::PUT | Method::DELETE | Method::PATCH)
 }
 

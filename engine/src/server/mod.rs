@@ -7,6 +7,7 @@ pub mod error;
 mod exchange;
 pub mod guard;
 pub mod metrics;
+pub mod ollama;
 pub mod openai;
 pub mod request_log;
 mod status;
@@ -175,6 +176,12 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/api/chat", post(ollama::chat))
+        .route("/api/generate", post(ollama::generate))
+        .route("/api/tags", get(ollama::tags))
+        .route("/api/ps", get(ollama::ps))
+        .route("/api/show", post(ollama::show))
+        .route("/api/version", get(ollama::version))
         .route("/health", get(status::health))
         .route("/metrics", get(status::metrics))
         .route("/openapi.json", get(status::openapi))
@@ -224,7 +231,9 @@ impl Front {
 }
 
 async fn dispatch(State(front): State<Arc<Front>>, req: Request) -> Response {
-    if req.uri().path().starts_with("/api/") {
+    let path = req.uri().path();
+    // `/api/` is Perch's control API, except Ollama's own paths, which the engine answers.
+    if path.starts_with("/api/") && !ollama::ROUTES.contains(&path) {
         let control = front.control.read_now().clone();
         return match control {
             Some(r) => r.oneshot(req).await.into_response(),

@@ -5,7 +5,7 @@
 mod fields;
 mod render;
 pub mod request;
-mod tools;
+pub(crate) mod tools;
 
 use std::sync::Arc;
 

@@ -24,10 +24,10 @@ pub struct ParsedRequest {
 pub const MAX_STOPS: usize = 16;
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
-pub(super) struct Body<'a>(pub(super) &'a Map<String, Value>);
+pub(crate) struct Body<'a>(pub(crate) &'a Map<String, Value>);
 
 impl Body<'_> {
-    pub(super) fn get(&self, key: &str) -> Option<&Value> {
+    pub(crate) fn get(&self, key: &str) -> Option<&Value> {
         self.0.get(key).filter(|v| !v.is_null())
     }
 
@@ -70,7 +70,7 @@ impl Body<'_> {
         }
     }
 
-    pub(super) fn boolean(&self, key: &str) -> Result<Option<bool>, ApiError> {
+    pub(crate) fn boolean(&self, key: &str) -> Result<Option<bool>, ApiError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
