@@ -44,6 +44,7 @@ const FIELDS: &[&str] = &[
     "output_format",
     "output_config",
     "cache_control",
+    "context_management",
 ];
 const MESSAGES_ONLY: &[&str] = &[
     "max_tokens",
@@ -63,7 +64,6 @@ const MESSAGES_ONLY: &[&str] = &[
 const REFUSED: &[(&str, &str)] = &[
     ("container", "code execution containers are not supported"),
     ("mcp_servers", "remote MCP servers are not supported: run the tools on the client"),
-    ("context_management", "context editing is not supported"),
     ("inference_geo", "inference regions do not apply to a local server"),
 ];
 
@@ -197,6 +197,7 @@ pub fn parse(
             return Err(wrong_type("service_tier", "a string", v));
         }
     }
+    context_management(get("context_management"))?;
     let tools = tools(get("tools"))?;
     let (tool_choice, parallel) = tool_choice(get("tool_choice"), &tools)?;
     let mut template_kwargs = Map::new();
@@ -386,6 +387,37 @@ fn tool_result(b: &Map<String, Value>, at: &str) -> Result<ChatMessage, ApiError
     let mut msg = ChatMessage::new("tool", content);
     msg.tool_call_id = Some(id.to_string());
     Ok(msg)
+}
+
+/// `context_management`: edits the server makes to a long conversation. Perch never shows
+/// earlier thinking to the model again (chat templates drop it), so `clear_thinking_*` edits
+/// leave nothing to do, whatever they keep; other edits (clearing old tool results) are
+/// refused by name. Claude Code sends a `clear_thinking` edit on every request.
+fn context_management(v: Option<&Value>) -> Result<(), ApiError> {
+    const FIELD: &str = "context_management";
+    let Some(v) = v else { return Ok(()) };
+    let Value::Object(o) = v else { return Err(wrong_type(FIELD, "an object", v)) };
+    for (k, v) in o {
+        if k != "edits" {
+            return Err(bad(&format!("{FIELD}.{k}"), format!("{FIELD}.{k}: not supported"))
+                .code("unsupported_parameter"));
+        }
+        let Value::Array(edits) = v else {
+            return Err(wrong_type(&format!("{FIELD}.edits"), "a list of edits", v));
+        };
+        for (i, e) in edits.iter().enumerate() {
+            let at = format!("{FIELD}.edits.{i}.type");
+            match e.get("type").and_then(Value::as_str) {
+                Some(t) if t.starts_with("clear_thinking_") => {}
+                Some(t) => {
+                    return Err(bad(&at, format!("{at}: `{t}` is not supported (only clear_thinking edits, which change nothing here)"))
+                        .code("unsupported_value"))
+                }
+                None => return Err(missing(&at)),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `tools`: client tools (`name`, `description`, `input_schema`), rendered by the chat

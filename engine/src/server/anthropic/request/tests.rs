@@ -80,6 +80,11 @@ fn thinking_and_structured_output_are_honoured() {
     let mut b = base();
     b["output_config"] = json!({"format": {"type": "json_schema", "schema": schema}});
     assert_eq!(parse_ok(b).turn.response_format, ResponseFormat::JsonSchema(schema.clone()));
+    // What Claude Code sends on every request.
+    let mut b = base();
+    b["context_management"] =
+        json!({"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]});
+    parse_ok(b);
     let mut b = base();
     b["output_config"] = json!({"effort": "max"});
     assert_eq!(parse_ok(b).turn.template_kwargs["reasoning_effort"], "high");
@@ -108,6 +113,12 @@ fn each_bad_field_is_named() {
         (Box::new(|b| b["stop_sequences"] = json!("x")), "stop_sequences"),
         (Box::new(|b| b["frequency_penalty"] = json!(1)), "frequency_penalty"),
         (Box::new(|b| b["mcp_servers"] = json!([])), "mcp_servers"),
+        (
+            Box::new(|b| {
+                b["context_management"] = json!({"edits": [{"type": "clear_tool_uses_20250919"}]})
+            }),
+            "context_management.edits.0.type",
+        ),
         (Box::new(|b| b["messages"] = json!([])), "messages"),
         (Box::new(|b| b["messages"][0]["role"] = json!("system")), "messages.0.role"),
         (
