@@ -22,27 +22,12 @@ pub(super) fn now_rfc3339() -> String {
     rfc3339(crate::server::exchange::unix_now())
 }
 
-/// Unix time `t` as RFC 3339 in UTC.
+/// Unix time `t` as RFC 3339 in UTC, to the nanosecond.
 pub(super) fn rfc3339(t: f64) -> String {
-    let secs = t.floor() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    let nanos = ((t - t.floor()) * 1e9) as u64;
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{nanos:09}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    let secs = t.floor();
+    chrono::DateTime::from_timestamp(secs as i64, ((t - secs) * 1e9) as u32)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)
 }
 
 fn call_json(c: &ToolCall) -> Value {
@@ -215,4 +200,13 @@ pub(super) fn ndjson(x: Exchange<Endpoint>) -> Response {
     r.headers_mut()
         .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/x-ndjson"));
     r
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn timestamps_are_rfc3339_utc() {
+        assert_eq!(super::rfc3339(0.5), "1970-01-01T00:00:00.500000000Z");
+        assert_eq!(super::rfc3339(1_764_633_600.0), "2025-12-02T00:00:00.000000000Z");
+    }
 }
