@@ -129,7 +129,7 @@ impl Dialect {
     pub fn of_path(path: &str) -> Dialect {
         if path == "/v1/messages" || path.starts_with("/v1/messages/") {
             Dialect::Anthropic
-        } else if crate::server::ollama::ROUTES.contains(&path) {
+        } else if super::OLLAMA_ROUTES.contains(&path) {
             Dialect::Ollama
         } else {
             Dialect::OpenAi

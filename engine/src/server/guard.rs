@@ -52,7 +52,7 @@ fn origin_allowed(origin: &str, headers: &HeaderMap, allowed: &[String]) -> bool
 fn control_write(req: &Request) -> bool {
     let path = req.uri().path();
     path.starts_with("/api/")
-        && !super::ollama::ROUTES.contains(&path)
+        && !super::OLLAMA_ROUTES.contains(&path)
         && matches!(*req.method(), Method::POST | Method::PUT | Method::DELETE | Method::PATCH)
 }
 

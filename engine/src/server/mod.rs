@@ -37,6 +37,11 @@ use error::ApiError;
 use metrics::Metrics;
 use request_log::RequestLog;
 
+/// Ollama's paths Perch answers (the rest of `/api/` is Perch's control API). Here, not in
+/// `ollama`, because the guard and the error shapes need them too.
+pub const OLLAMA_ROUTES: &[&str] =
+    &["/api/chat", "/api/generate", "/api/tags", "/api/ps", "/api/show", "/api/version"];
+
 /// Perch's default port: clear of Ollama (11434), LM Studio (1234) and the usual dev servers
 /// (3000, 5000, 5173, 8000, 8080, 8888).
 pub use crate::paths::DEFAULT_PORT;
@@ -233,7 +238,7 @@ impl Front {
 async fn dispatch(State(front): State<Arc<Front>>, req: Request) -> Response {
     let path = req.uri().path();
     // `/api/` is Perch's control API, except Ollama's own paths, which the engine answers.
-    if path.starts_with("/api/") && !ollama::ROUTES.contains(&path) {
+    if path.starts_with("/api/") && !OLLAMA_ROUTES.contains(&path) {
         let control = front.control.read_now().clone();
         return match control {
             Some(r) => r.oneshot(req).await.into_response(),

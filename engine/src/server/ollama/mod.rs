@@ -23,10 +23,6 @@ use crate::runtime::KeepAlive;
 use crate::sync::LockExt;
 use request::{Endpoint, ParsedOllama};
 
-/// Ollama's paths Perch answers (the rest of `/api/` is Perch's control API).
-pub const ROUTES: &[&str] =
-    &["/api/chat", "/api/generate", "/api/tags", "/api/ps", "/api/show", "/api/version"];
-
 /// The Ollama API version whose behaviour these routes follow (clients check it).
 const OLLAMA_VERSION: &str = "0.12.0";
 
