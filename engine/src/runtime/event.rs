@@ -39,6 +39,47 @@ pub struct TurnEnd {
     pub generation: Generation,
 }
 
+/// A turn's events folded into its whole answer, for a response that is not streamed; every
+/// protocol's one-body rendering starts here.
+#[derive(Debug, Default)]
+pub struct Answer {
+    pub text: String,
+    pub reasoning: String,
+    /// The model reasoned (even if every reasoning delta was empty).
+    pub reasoned: bool,
+    pub logprobs: Vec<TokenLogprob>,
+    /// Calls in order, their arguments whole.
+    pub calls: Vec<ToolCall>,
+}
+
+impl Answer {
+    /// Fold one event in; the end or the failure comes back out, the rest is kept.
+    pub fn add(&mut self, ev: TurnEvent) -> Option<Result<TurnEnd, EngineError>> {
+        match ev {
+            TurnEvent::Delta { text, logprobs } => {
+                self.text.push_str(&text);
+                self.logprobs.extend(logprobs);
+            }
+            TurnEvent::Reasoning { text } => {
+                self.reasoning.push_str(&text);
+                self.reasoned = true;
+            }
+            TurnEvent::ToolCall(c) => self.calls.push(c),
+            TurnEvent::ToolCallStart { id, name } => {
+                self.calls.push(ToolCall { id, name, arguments: String::new() })
+            }
+            TurnEvent::ToolCallArgs { text } => {
+                if let Some(c) = self.calls.last_mut() {
+                    c.arguments.push_str(&text);
+                }
+            }
+            TurnEvent::End(end) => return Some(Ok(*end)),
+            TurnEvent::Failed(e) => return Some(Err(e)),
+        }
+        None
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Usage {
     pub prompt_tokens: usize,

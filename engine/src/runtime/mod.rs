@@ -27,6 +27,6 @@ pub use lease::{Lease, Leases};
 pub use model_ref::{ModelAliases, ModelRef, ModelRefError};
 pub use observe::{LastTurn, TurnMark, TurnObserver};
 pub use turn::{
-    count_prompt_tokens, Arrival, DraftChoice, Prompt, ResponseFormat, Turn, TurnEnd, TurnEvent,
-    TurnHandle, Usage,
+    count_prompt_tokens, Answer, Arrival, DraftChoice, Prompt, ResponseFormat, Turn, TurnEnd,
+    TurnEvent, TurnHandle, Usage,
 };

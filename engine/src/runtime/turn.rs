@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use super::engine::{Engine, ModelInfo};
-pub use super::event::{TurnEnd, TurnEvent, Usage};
+pub use super::event::{Answer, TurnEnd, TurnEvent, Usage};
 use super::model_ref::ModelRef;
 use super::observe::LastTurn;
 use super::prepare::{prepare, Asked, Prepared};
@@ -279,15 +279,15 @@ impl TurnHandle {
 
     /// Wait for the end, passing over the deltas.
     pub async fn finish(mut self) -> Result<TurnEnd> {
+        self.answer().await.map(|(_, end)| end)
+    }
+
+    /// The whole answer and the end, for a response that is not streamed.
+    pub async fn answer(&mut self) -> Result<(Answer, TurnEnd)> {
+        let mut answer = Answer::default();
         while let Some(ev) = self.next().await {
-            match ev {
-                TurnEvent::Delta { .. }
-                | TurnEvent::ToolCall(_)
-                | TurnEvent::ToolCallStart { .. }
-                | TurnEvent::ToolCallArgs { .. }
-                | TurnEvent::Reasoning { .. } => {}
-                TurnEvent::End(end) => return Ok(*end),
-                TurnEvent::Failed(e) => return Err(e),
+            if let Some(end) = answer.add(ev) {
+                return end.map(|end| (answer, end));
             }
         }
         Err(EngineError::Internal("the turn ended without a result".into()))

@@ -80,6 +80,15 @@ impl ApiError {
 impl ApiError {
     /// An engine error in OpenAI's shape; `prompt_param` is the field that holds the prompt
     /// (`messages` or `prompt`), named by errors about the prompt.
+    /// A turn whose events stopped before its end (its thread died): a 500.
+    pub fn unfinished() -> ApiError {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "the generation ended without a result",
+        )
+    }
+
     pub fn engine(e: &EngineError, prompt_param: &str) -> ApiError {
         match e {
             EngineError::ModelNotFound(id) => ApiError::model_not_found(id),
@@ -129,7 +138,7 @@ impl Dialect {
     pub fn of_path(path: &str) -> Dialect {
         if path == "/v1/messages" || path.starts_with("/v1/messages/") {
             Dialect::Anthropic
-        } else if super::OLLAMA_ROUTES.contains(&path) {
+        } else if path.starts_with("/api/") {
             Dialect::Ollama
         } else {
             Dialect::OpenAi

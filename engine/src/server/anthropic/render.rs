@@ -5,7 +5,6 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 
-use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -16,7 +15,7 @@ use super::Wire;
 use crate::chat::ToolCall;
 use crate::decode::FinishReason;
 use crate::error::EngineError;
-use crate::runtime::{TurnEnd, TurnEvent, Usage};
+use crate::runtime::{Answer, TurnEnd, TurnEvent, Usage};
 use crate::server::error::{ApiError, Dialect};
 use crate::server::exchange::Exchange;
 
@@ -46,14 +45,6 @@ fn engine_error(e: &EngineError) -> ApiError {
     ApiError::engine(e, "messages")
 }
 
-fn no_result() -> ApiError {
-    ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "server_error",
-        "the generation ended without a result",
-    )
-}
-
 /// A call's arguments as the object Anthropic's `input` is (a model's malformed arguments
 /// come back as the text they were, under `_raw`, rather than being lost).
 fn input_of(c: &ToolCall) -> Value {
@@ -65,61 +56,30 @@ fn input_of(c: &ToolCall) -> Value {
 
 /// The whole answer as one `message`.
 pub(super) async fn collect(mut x: Exchange<Wire>) -> Response {
-    let (mut text, mut reasoning, mut calls) =
-        (String::new(), String::new(), Vec::<ToolCall>::new());
-    let mut thought = false;
-    while let Some(ev) = x.handle.next().await {
-        let end = match ev {
-            TurnEvent::Delta { text: t, .. } => {
-                text.push_str(&t);
-                continue;
-            }
-            TurnEvent::Reasoning { text: t } => {
-                // `display: omitted`: the block stays, its text does not.
-                if !x.wire.omit_thinking {
-                    reasoning.push_str(&t);
-                }
-                thought = true;
-                continue;
-            }
-            TurnEvent::ToolCall(c) => {
-                calls.push(c);
-                continue;
-            }
-            TurnEvent::ToolCallStart { id, name } => {
-                calls.push(ToolCall { id, name, arguments: String::new() });
-                continue;
-            }
-            TurnEvent::ToolCallArgs { text: t } => {
-                if let Some(c) = calls.last_mut() {
-                    c.arguments.push_str(&t);
-                }
-                continue;
-            }
-            TurnEvent::Failed(e) => return engine_error(&e).into_response_as(Dialect::Anthropic),
-            TurnEvent::End(end) => end,
-        };
-        let mut content = vec![];
-        if thought {
-            content.push(json!({"type": "thinking", "thinking": reasoning, "signature": ""}));
-        }
-        if !text.is_empty() || (calls.is_empty() && content.is_empty()) {
-            content.push(json!({"type": "text", "text": text}));
-        }
-        for c in &calls {
-            content.push(
-                json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input_of(c)}),
-            );
-        }
-        let (stop_reason, stop_sequence) = stop_of(&end, !calls.is_empty(), &x.wire);
-        return Json(json!({
-            "id": x.id, "type": "message", "role": "assistant", "model": x.handle.model,
-            "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence,
-            "usage": usage(end.usage),
-        }))
-        .into_response();
+    let (answer, end) = match x.handle.answer().await {
+        Ok(done) => done,
+        Err(e) => return engine_error(&e).into_response_as(Dialect::Anthropic),
+    };
+    let Answer { text, reasoning, reasoned, calls, .. } = answer;
+    let mut content = vec![];
+    if reasoned {
+        // `display: omitted`: the block stays, its text does not.
+        let thinking = if x.wire.omit_thinking { String::new() } else { reasoning };
+        content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
     }
-    no_result().into_response_as(Dialect::Anthropic)
+    if !text.is_empty() || (calls.is_empty() && content.is_empty()) {
+        content.push(json!({"type": "text", "text": text}));
+    }
+    for c in &calls {
+        content.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input_of(c)}));
+    }
+    let (stop_reason, stop_sequence) = stop_of(&end, !calls.is_empty(), &x.wire);
+    Json(json!({
+        "id": x.id, "type": "message", "role": "assistant", "model": x.handle.model,
+        "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence,
+        "usage": usage(end.usage),
+    }))
+    .into_response()
 }
 
 /// The content block open in a stream.
@@ -240,7 +200,7 @@ impl SseState {
                 self.done = true;
             }
             Some(TurnEvent::Failed(e)) => self.fail(engine_error(&e)),
-            None => self.fail(no_result()),
+            None => self.fail(ApiError::unfinished()),
         }
     }
 

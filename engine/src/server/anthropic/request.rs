@@ -8,8 +8,8 @@ use crate::chat::{ChatMessage, Tool, ToolChoice};
 use crate::config::SamplingDefaults;
 use crate::decode::sampler::SamplingParams;
 use crate::runtime::{KeepAlive, ModelRef, Prompt, ResponseFormat, Turn};
+use crate::server::body::{self, kind, Body};
 use crate::server::error::ApiError;
-use crate::server::openai::request::kind;
 
 /// Which of the two endpoints a body is for (`count_tokens` needs no `max_tokens`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,17 +84,7 @@ pub fn parse(
     bytes: &[u8],
     defaults: &SamplingDefaults,
 ) -> Result<ParsedMessages, ApiError> {
-    let value: Value = serde_json::from_slice(bytes).map_err(|e| {
-        ApiError::new(
-            axum::http::StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            format!("The body is not valid JSON: {e}"),
-        )
-        .code("invalid_json")
-    })?;
-    let Value::Object(b) = &value else {
-        return Err(wrong_type("body", "a JSON object", &value));
-    };
+    let b = &body::object(bytes)?;
     for (key, v) in b {
         if let Some((_, why)) = REFUSED.iter().find(|(k, _)| k == key) {
             return Err(bad(key, format!("{key}: {why}")).code("unsupported_parameter"));
@@ -107,13 +97,10 @@ pub fn parse(
         }
     }
     let get = |k: &str| b.get(k).filter(|v| !v.is_null());
-    let model = match get("model") {
-        Some(Value::String(s)) if !s.is_empty() => {
-            s.parse::<ModelRef>().map_err(|e| bad("model", e.to_string()))?
-        }
-        Some(v) if !v.is_string() => return Err(wrong_type("model", "a string", v)),
-        _ => return Err(missing("model")),
-    };
+    let model = Body(b)
+        .model("see GET /v1/models")?
+        .parse::<ModelRef>()
+        .map_err(|e| bad("model", e.to_string()))?;
     let mut messages = system(get("system"))?;
     messages.extend(conversation(get("messages"))?);
     let max_tokens = match (endpoint, get("max_tokens")) {

@@ -5,7 +5,7 @@
 use std::convert::Infallible;
 
 use axum::body::{Body, Bytes};
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures_util::stream;
 use serde_json::{json, Value};
@@ -92,36 +92,13 @@ fn merge(mut a: Value, b: Value) -> Value {
 
 /// The whole answer as one object.
 pub(super) async fn collect(mut x: Exchange<Endpoint>) -> Response {
-    let (mut text, mut thinking, mut calls) =
-        (String::new(), String::new(), Vec::<ToolCall>::new());
-    while let Some(ev) = x.handle.next().await {
-        match ev {
-            TurnEvent::Delta { text: t, .. } => text.push_str(&t),
-            TurnEvent::Reasoning { text: t } => thinking.push_str(&t),
-            TurnEvent::ToolCall(c) => calls.push(c),
-            TurnEvent::ToolCallStart { id, name } => {
-                calls.push(ToolCall { id, name, arguments: String::new() })
-            }
-            TurnEvent::ToolCallArgs { text: t } => {
-                if let Some(c) = calls.last_mut() {
-                    c.arguments.push_str(&t);
-                }
-            }
-            TurnEvent::Failed(e) => {
-                return ApiError::engine(&e, "messages").into_response_as(Dialect::Ollama)
-            }
-            TurnEvent::End(end) => {
-                let body = merge(piece(x.wire, &text, &thinking, &calls), done_fields(&end));
-                return axum::Json(object(&x.handle.model, body, true)).into_response();
-            }
+    match x.handle.answer().await {
+        Ok((a, end)) => {
+            let body = merge(piece(x.wire, &a.text, &a.reasoning, &a.calls), done_fields(&end));
+            axum::Json(object(&x.handle.model, body, true)).into_response()
         }
+        Err(e) => ApiError::engine(&e, "messages").into_response_as(Dialect::Ollama),
     }
-    ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "server_error",
-        "the generation ended without a result",
-    )
-    .into_response_as(Dialect::Ollama)
 }
 
 struct Ndjson {
@@ -147,9 +124,7 @@ impl Ndjson {
             }
             let Some(ev) = self.x.handle.next().await else {
                 self.done = true;
-                return Some(
-                    self.line(json!({"error": "the generation ended without a result"}), true),
-                );
+                return Some(self.line(json!({"error": ApiError::unfinished().message}), true));
             };
             match ev {
                 TurnEvent::Delta { text, .. } if !text.is_empty() => {

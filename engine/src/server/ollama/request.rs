@@ -8,8 +8,8 @@ use crate::chat::ChatMessage;
 use crate::config::SamplingDefaults;
 use crate::decode::sampler::SamplingParams;
 use crate::runtime::{KeepAlive, ModelRef, Prompt, ResponseFormat, Turn};
+use crate::server::body::{self, wrong_type, Body};
 use crate::server::error::ApiError;
-use crate::server::openai::request::{kind, Body};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -64,18 +64,12 @@ fn bad(field: &str, message: impl Into<String>) -> ApiError {
     ApiError::invalid(field, message)
 }
 
-fn wrong_type(field: &str, want: &str, v: &Value) -> ApiError {
-    bad(field, format!("`{field}` must be {want}; got {}", kind(v))).code("invalid_type")
-}
-
 pub fn parse(
     endpoint: Endpoint,
     bytes: &[u8],
     defaults: &SamplingDefaults,
 ) -> Result<ParsedOllama, ApiError> {
-    let value: Value = serde_json::from_slice(bytes)
-        .map_err(|e| bad("body", format!("invalid JSON: {e}")).code("invalid_json"))?;
-    let Value::Object(map) = &value else { return Err(wrong_type("body", "an object", &value)) };
+    let map = &body::object(bytes)?;
     let own = if endpoint == Endpoint::Chat { CHAT } else { GENERATE };
     for (k, v) in map {
         if !v.is_null() && !COMMON.contains(&k.as_str()) && !own.contains(&k.as_str()) {
@@ -85,11 +79,7 @@ pub fn parse(
         }
     }
     let b = Body(map);
-    let name = match b.get("model") {
-        Some(Value::String(s)) if !s.is_empty() => s.as_str(),
-        Some(v) if !v.is_string() => return Err(wrong_type("model", "a string", v)),
-        _ => return Err(bad("model", "model is required").code("missing_required_parameter")),
-    };
+    let name = b.model("see GET /api/tags")?;
     // Ollama's clients name models `name:tag`; Perch's ids have no tag, so `:latest` is the id.
     let model: ModelRef = name
         .strip_suffix(":latest")

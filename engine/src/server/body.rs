@@ -1,0 +1,115 @@
+//! A JSON request body as every protocol adapter reads it: parsed into an object, its
+//! fields read with their types checked (a JSON `null` counts as absent), each refusal
+//! naming the field. The wording of the messages is shared; each protocol renders the error
+//! in its own shape (`error::Dialect`).
+
+use axum::http::StatusCode;
+use serde_json::{Map, Value};
+
+use super::error::ApiError;
+
+/// The body as a JSON object, or a 400: `invalid_json` for what does not parse,
+/// `invalid_type` for JSON that is not an object.
+pub fn object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            format!("The body is not valid JSON: {e}"),
+        )
+        .code("invalid_json")
+    })?;
+    match value {
+        Value::Object(map) => Ok(map),
+        v => Err(ApiError::invalid(
+            "body",
+            format!("The body must be a JSON object; got {}", kind(&v)),
+        )
+        .code("invalid_type")),
+    }
+}
+
+/// The refusal of a field whose JSON type is wrong.
+pub fn wrong_type(field: &str, want: &str, v: &Value) -> ApiError {
+    ApiError::invalid(field, format!("`{field}` must be {want}; got {}", kind(v)))
+        .code("invalid_type")
+}
+
+pub struct Body<'a>(pub &'a Map<String, Value>);
+
+impl Body<'_> {
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.0.get(key).filter(|v| !v.is_null())
+    }
+
+    pub fn number(
+        &self,
+        key: &str,
+        ok: impl Fn(f64) -> bool,
+        range: &str,
+    ) -> Result<Option<f64>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            // Checked as given and as the f32 the sampler will use (1e-50 is > 0, its f32 is not).
+            Some(v) => match v.as_f64() {
+                Some(x) if ok(x) && ok(x as f32 as f64) => Ok(Some(x)),
+                Some(x) => Err(ApiError::invalid(key, format!("`{key}` must be {range}; got {x}"))),
+                None => Err(ApiError::invalid(
+                    key,
+                    format!("`{key}` must be a number; got {}", kind(v)),
+                )
+                .code("invalid_type")),
+            },
+        }
+    }
+
+    pub fn integer(&self, key: &str, min: i64, max: i64) -> Result<Option<i64>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => match v.as_i64() {
+                Some(x) if (min..=max).contains(&x) => Ok(Some(x)),
+                Some(x) => Err(ApiError::invalid(
+                    key,
+                    format!("`{key}` must be an integer from {min} to {max}; got {x}"),
+                )),
+                None => Err(ApiError::invalid(
+                    key,
+                    format!("`{key}` must be an integer; got {}", kind(v)),
+                )
+                .code("invalid_type")),
+            },
+        }
+    }
+
+    /// `model`: required, a non-empty string (`hint` says where the names are listed).
+    pub fn model(&self, hint: &str) -> Result<&str, ApiError> {
+        match self.get("model") {
+            Some(Value::String(s)) if !s.is_empty() => Ok(s),
+            Some(v) if !v.is_string() => Err(wrong_type("model", "a string", v)),
+            _ => Err(ApiError::invalid("model", format!("`model` is required ({hint})"))
+                .code("missing_required_parameter")),
+        }
+    }
+
+    pub fn boolean(&self, key: &str) -> Result<Option<bool>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => {
+                Err(ApiError::invalid(key, format!("`{key}` must be a boolean; got {}", kind(v)))
+                    .code("invalid_type"))
+            }
+        }
+    }
+}
+
+pub fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
