@@ -1,14 +1,16 @@
-//! The official `anthropic` and `ollama` Python clients, unchanged, against Perch's engine on
-//! the default instruct model (Qwen2.5-Coder-0.5B-Instruct imported from its real GGUF):
-//! plain and streamed answers, token counts, stop sequences, tool calls and results,
-//! tool_choice, structured output, keep-alive unloading and errors (tests/api/*_client.py;
-//! the Anthropic one names a Claude model). Needs `.deps/venv` (scripts/setup-peers) and the
-//! Qwen GGUF (scripts/fetch-qwen-gguf); skipped without them except under CI.
+//! The official `anthropic`, `ollama` and `openai` (its Responses API) Python clients,
+//! unchanged, against Perch's engine on the default instruct model (Qwen2.5-Coder-0.5B-Instruct
+//! imported from its real GGUF): plain and streamed answers, token counts, stop sequences,
+//! tool calls and results, tool_choice, structured output, keep-alive unloading, stored
+//! responses and errors (tests/api/*_client.py, tests/api/openai_responses.py; the Anthropic
+//! one names a Claude model). Needs `.deps/venv` (scripts/setup-peers) and the Qwen GGUF
+//! (scripts/fetch-qwen-gguf); skipped without them except under CI.
 
 mod common;
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::{Arc, Mutex, Weak};
 
 use common::*;
 use perch_engine::gguf::import::{import, ImportOptions, Quantize, StoreDtype};
@@ -30,19 +32,32 @@ fn python(client: &str) -> Option<PathBuf> {
     Some(python)
 }
 
-/// Import the Qwen GGUF into a fresh models directory, serve it (with `key` as the API key),
-/// and run `script` with the server's URL, the model id and the key.
-async fn run_client(client: &str, script: &str, key: Option<&str>) {
-    let (Some(python), Some(gguf)) = (python(client), qwen_gguf()) else { return };
+/// The Qwen GGUF imported once for the clients that run at the same time (each serves it
+/// from its own engine); the folder goes when the last of them is done with it.
+fn imported(gguf: PathBuf) -> Arc<tempfile::TempDir> {
+    static SHARED: Mutex<Option<Weak<tempfile::TempDir>>> = Mutex::new(None);
+    let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(dir) = shared.as_ref().and_then(Weak::upgrade) {
+        return dir;
+    }
     let models = tempfile::tempdir().unwrap();
-    let dir = models.path().to_path_buf();
     let opts = ImportOptions {
         name: Some(ID.into()),
         quantize: Quantize::None,
         dtype: StoreDtype::F32,
         overwrite: true,
     };
-    tokio::task::spawn_blocking(move || import(&gguf, &dir, &opts).unwrap()).await.unwrap();
+    import(&gguf, models.path(), &opts).unwrap();
+    let dir = Arc::new(models);
+    *shared = Some(Arc::downgrade(&dir));
+    dir
+}
+
+/// Serve the imported Qwen model (with `key` as the API key) and run `script` with the
+/// server's URL, the model id and the key.
+async fn run_client(client: &str, script: &str, key: Option<&str>) {
+    let (Some(python), Some(gguf)) = (python(client), qwen_gguf()) else { return };
+    let models = tokio::task::spawn_blocking(move || imported(gguf)).await.unwrap();
     let config = ServeConfig { api_key: key.map(String::from), ..ServeConfig::default() };
     let s = serve(engine_config(models.path(), ID), config).await;
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/api").join(script);
@@ -68,4 +83,9 @@ async fn the_official_anthropic_client_works_unchanged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_ollama_client_works_unchanged() {
     run_client("ollama", "ollama_client.py", None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_client_speaks_responses_unchanged() {
+    run_client("openai", "openai_responses.py", None).await;
 }

@@ -1,10 +1,12 @@
-//! OpenAI's API: `/v1/models`, `/v1/chat/completions`, `/v1/completions`. A body is parsed
+//! OpenAI's API: `/v1/models`, `/v1/chat/completions`, `/v1/completions`, and the Responses
+//! API (`responses`). A body is parsed
 //! into a turn (`request`), the exchange runs it, and its events are rendered back
 //! (`render`); nothing here touches the runtime otherwise.
 
 mod fields;
 mod render;
 pub mod request;
+pub mod responses;
 pub(crate) mod tools;
 
 use std::sync::Arc;

@@ -4,7 +4,6 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 
-use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -16,7 +15,7 @@ use super::Wire;
 use crate::chat::ToolCall;
 use crate::decode::{FinishReason, TokenLogprob};
 use crate::error::EngineError;
-use crate::runtime::{TurnEvent, Usage};
+use crate::runtime::{Answer, TurnEvent, Usage};
 use crate::server::error::ApiError;
 use crate::server::exchange::{finish_name, unix_now, Exchange};
 
@@ -31,14 +30,6 @@ fn usage(u: Usage) -> Value {
 
 fn error_of(endpoint: Endpoint, e: &EngineError) -> ApiError {
     ApiError::engine(e, if endpoint == Endpoint::Chat { "messages" } else { "prompt" })
-}
-
-fn no_result() -> ApiError {
-    ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "server_error",
-        "the generation ended without a result",
-    )
 }
 
 fn chat_logprobs(lps: &[TokenLogprob]) -> Value {
@@ -82,72 +73,45 @@ fn call_json(c: &ToolCall) -> Value {
 pub(super) async fn collect(mut x: Exchange<Wire>) -> Response {
     let created = unix_now() as u64;
     let Wire { endpoint, logprobs, legacy_functions, .. } = x.wire;
-    let mut lps = Vec::new();
-    let (mut text, mut reasoning, mut calls) = (String::new(), String::new(), Vec::new());
-    while let Some(ev) = x.handle.next().await {
-        let end = match ev {
-            TurnEvent::Delta { text: t, logprobs } => {
-                text.push_str(&t);
-                lps.extend(logprobs);
-                continue;
+    let (answer, end) = match x.handle.answer().await {
+        Ok(done) => done,
+        Err(e) => return error_of(endpoint, &e).into_response(),
+    };
+    let Answer { text, reasoning, logprobs: lps, calls, .. } = answer;
+    let (id, model) = (&x.id, &x.handle.model);
+    let finish = finish_of(end.finish_reason, !calls.is_empty(), legacy_functions);
+    let body = match endpoint {
+        Endpoint::Chat => {
+            let mut message = json!({"role": "assistant", "content": text});
+            if !reasoning.is_empty() {
+                message["reasoning_content"] = reasoning.into();
             }
-            TurnEvent::ToolCall(c) => {
-                calls.push(c);
-                continue;
-            }
-            TurnEvent::ToolCallStart { id, name } => {
-                calls.push(ToolCall { id, name, arguments: String::new() });
-                continue;
-            }
-            TurnEvent::ToolCallArgs { text: t } => {
-                if let Some(c) = calls.last_mut() {
-                    c.arguments.push_str(&t);
+            if !calls.is_empty() {
+                if text.is_empty() {
+                    message["content"] = Value::Null;
                 }
-                continue;
-            }
-            TurnEvent::Reasoning { text: t } => {
-                reasoning.push_str(&t);
-                continue;
-            }
-            TurnEvent::Failed(e) => return error_of(endpoint, &e).into_response(),
-            TurnEvent::End(end) => end,
-        };
-        let (id, model) = (&x.id, &x.handle.model);
-        let finish = finish_of(end.finish_reason, !calls.is_empty(), legacy_functions);
-        let body = match endpoint {
-            Endpoint::Chat => {
-                let mut message = json!({"role": "assistant", "content": text});
-                if !reasoning.is_empty() {
-                    message["reasoning_content"] = reasoning.into();
+                if legacy_functions {
+                    message["function_call"] =
+                        json!({"name": calls[0].name, "arguments": calls[0].arguments});
+                } else {
+                    message["tool_calls"] = calls.iter().map(call_json).collect();
                 }
-                if !calls.is_empty() {
-                    if text.is_empty() {
-                        message["content"] = Value::Null;
-                    }
-                    if legacy_functions {
-                        message["function_call"] =
-                            json!({"name": calls[0].name, "arguments": calls[0].arguments});
-                    } else {
-                        message["tool_calls"] = calls.iter().map(call_json).collect();
-                    }
-                }
-                json!({
-                    "id": id, "object": "chat.completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "message": message,
-                                 "logprobs": if logprobs { chat_logprobs(&lps) } else { Value::Null }, "finish_reason": finish}],
-                    "usage": usage(end.usage),
-                })
             }
-            Endpoint::Completion => json!({
-                "id": id, "object": "text_completion", "created": created, "model": model,
-                "choices": [{"index": 0, "text": text,
-                             "logprobs": if logprobs { completion_logprobs(&lps, 0) } else { Value::Null }, "finish_reason": finish}],
+            json!({
+                "id": id, "object": "chat.completion", "created": created, "model": model,
+                "choices": [{"index": 0, "message": message,
+                             "logprobs": if logprobs { chat_logprobs(&lps) } else { Value::Null }, "finish_reason": finish}],
                 "usage": usage(end.usage),
-            }),
-        };
-        return Json(body).into_response();
-    }
-    no_result().into_response()
+            })
+        }
+        Endpoint::Completion => json!({
+            "id": id, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text,
+                         "logprobs": if logprobs { completion_logprobs(&lps, 0) } else { Value::Null }, "finish_reason": finish}],
+            "usage": usage(end.usage),
+        }),
+    };
+    Json(body).into_response()
 }
 
 struct SseState {
@@ -265,7 +229,8 @@ impl SseState {
                 self.finish();
             }
             None => {
-                self.queue.push_back(Event::default().data(no_result().body().to_string()));
+                self.queue
+                    .push_back(Event::default().data(ApiError::unfinished().body().to_string()));
                 self.finish();
             }
         }

@@ -9,6 +9,7 @@ use crate::chat::ChatMessage;
 use crate::config::SamplingDefaults;
 use crate::decode::sampler::SamplingParams;
 use crate::runtime::{ModelRef, Prompt, ResponseFormat, Turn};
+use crate::server::body::{self, kind, Body};
 use crate::server::error::ApiError;
 
 /// A request body: the turn it asks for and how it wants the answer.
@@ -24,75 +25,6 @@ pub struct ParsedRequest {
 pub const MAX_STOPS: usize = 16;
 pub const MAX_TOP_LOGPROBS: usize = 20;
 
-pub(crate) struct Body<'a>(pub(crate) &'a Map<String, Value>);
-
-impl Body<'_> {
-    pub(crate) fn get(&self, key: &str) -> Option<&Value> {
-        self.0.get(key).filter(|v| !v.is_null())
-    }
-
-    fn number(
-        &self,
-        key: &str,
-        ok: impl Fn(f64) -> bool,
-        range: &str,
-    ) -> Result<Option<f64>, ApiError> {
-        match self.get(key) {
-            None => Ok(None),
-            // Checked as given and as the f32 the sampler will use (1e-50 is > 0, its f32 is not).
-            Some(v) => match v.as_f64() {
-                Some(x) if ok(x) && ok(x as f32 as f64) => Ok(Some(x)),
-                Some(x) => Err(ApiError::invalid(key, format!("`{key}` must be {range}; got {x}"))),
-                None => Err(ApiError::invalid(
-                    key,
-                    format!("`{key}` must be a number; got {}", kind(v)),
-                )
-                .code("invalid_type")),
-            },
-        }
-    }
-
-    fn integer(&self, key: &str, min: i64, max: i64) -> Result<Option<i64>, ApiError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => match v.as_i64() {
-                Some(x) if (min..=max).contains(&x) => Ok(Some(x)),
-                Some(x) => Err(ApiError::invalid(
-                    key,
-                    format!("`{key}` must be an integer from {min} to {max}; got {x}"),
-                )),
-                None => Err(ApiError::invalid(
-                    key,
-                    format!("`{key}` must be an integer; got {}", kind(v)),
-                )
-                .code("invalid_type")),
-            },
-        }
-    }
-
-    pub(crate) fn boolean(&self, key: &str) -> Result<Option<bool>, ApiError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(v) => {
-                Err(ApiError::invalid(key, format!("`{key}` must be a boolean; got {}", kind(v)))
-                    .code("invalid_type"))
-            }
-        }
-    }
-}
-
-pub(crate) fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 /// Parse and check a request body. Sampling defaults follow OpenAI's (temperature 1).
 pub fn parse(endpoint: Endpoint, bytes: &[u8]) -> Result<ParsedRequest, ApiError> {
     parse_with(endpoint, bytes, &SamplingDefaults::default())
@@ -104,39 +36,13 @@ pub fn parse_with(
     bytes: &[u8],
     defaults: &SamplingDefaults,
 ) -> Result<ParsedRequest, ApiError> {
-    let value: Value = serde_json::from_slice(bytes).map_err(|e| {
-        ApiError::new(
-            axum::http::StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            format!("The body is not valid JSON: {e}"),
-        )
-        .code("invalid_json")
-    })?;
-    let Value::Object(map) = &value else {
-        return Err(ApiError::invalid(
-            "body",
-            format!("The body must be a JSON object; got {}", kind(&value)),
-        )
-        .code("invalid_type"));
-    };
+    let map = &body::object(bytes)?;
     let b = Body(map);
     fields::check(endpoint, map)?;
-    let model = match b.get("model") {
-        Some(Value::String(s)) if !s.is_empty() => {
-            s.parse::<ModelRef>().map_err(|e| ApiError::invalid("model", e.to_string()))?
-        }
-        Some(v) if !v.is_string() => {
-            return Err(ApiError::invalid(
-                "model",
-                format!("`model` must be a string; got {}", kind(v)),
-            )
-            .code("invalid_type"))
-        }
-        _ => {
-            return Err(ApiError::invalid("model", "`model` is required (see GET /v1/models)")
-                .code("missing_required_parameter"))
-        }
-    };
+    let model = b
+        .model("see GET /v1/models")?
+        .parse::<ModelRef>()
+        .map_err(|e| ApiError::invalid("model", e.to_string()))?;
     let input = match endpoint {
         Endpoint::Chat => Prompt::Messages(messages(b.get("messages"))?),
         Endpoint::Completion => prompt(b.get("prompt"))?,
@@ -345,6 +251,15 @@ fn json_schema(v: Option<&Value>) -> Result<ResponseFormat, ApiError> {
             format!("`{FIELD}` must be an object with a `name` and a `schema`"),
         ));
     };
+    json_schema_fields(o, FIELD)
+}
+
+/// The fields of a JSON-schema format (`name`, `schema`, `strict`, `description`), wherever
+/// a protocol puts them (`FIELD` names the place in refusals).
+pub(crate) fn json_schema_fields(
+    o: &Map<String, Value>,
+    field: &str,
+) -> Result<ResponseFormat, ApiError> {
     for (k, v) in o {
         let ok = match k.as_str() {
             "name" => v.as_str().is_some_and(|n| {
@@ -356,23 +271,23 @@ fn json_schema(v: Option<&Value>) -> Result<ResponseFormat, ApiError> {
             "schema" => v.is_object() || v.is_boolean(),
             _ => {
                 return Err(ApiError::invalid(
-                    &format!("{FIELD}.{k}"),
-                    format!("`{FIELD}.{k}` is not a field of `json_schema`"),
+                    &format!("{field}.{k}"),
+                    format!("`{field}.{k}` is not a field of a JSON schema format"),
                 )
                 .code("unknown_parameter"))
             }
         };
         if !ok {
             return Err(ApiError::invalid(
-                &format!("{FIELD}.{k}"),
-                format!("`{FIELD}.{k}` is not valid (name: 1-64 of a-z A-Z 0-9 _ -; schema: an object; strict: a boolean)"),
+                &format!("{field}.{k}"),
+                format!("`{field}.{k}` is not valid (name: 1-64 of a-z A-Z 0-9 _ -; schema: an object; strict: a boolean)"),
             ));
         }
     }
     if !o.contains_key("name") {
         return Err(ApiError::invalid(
-            &format!("{FIELD}.name"),
-            format!("`{FIELD}.name` is required"),
+            &format!("{field}.name"),
+            format!("`{field}.name` is required"),
         )
         .code("missing_required_parameter"));
     }

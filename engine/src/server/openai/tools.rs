@@ -4,8 +4,8 @@
 
 use serde_json::{json, Map, Value};
 
-use super::request::{kind, Body};
 use crate::chat::{Tool, ToolChoice};
+use crate::server::body::{kind, Body};
 use crate::server::error::ApiError;
 
 /// At most this many tools per request (OpenAI's own limit).
@@ -27,8 +27,8 @@ pub fn parse(b: &Body<'_>) -> Result<ParsedTools, ApiError> {
                 "`functions` is the legacy form of `tools`: send one of them, not both",
             ))
         }
-        (Some(v), None) => (tool_list(v, "tools", false)?, false),
-        (None, Some(v)) => (tool_list(v, "functions", true)?, true),
+        (Some(v), None) => (tool_list(v, "tools", Shape::Nested)?, false),
+        (None, Some(v)) => (tool_list(v, "functions", Shape::Legacy)?, true),
         (None, None) => (vec![], false),
     };
     let choice_key = if legacy { "function_call" } else { "tool_choice" };
@@ -106,7 +106,21 @@ pub fn parse(b: &Body<'_>) -> Result<ParsedTools, ApiError> {
     Ok(ParsedTools { tools, choice, parallel, legacy })
 }
 
-fn tool_list(v: &Value, key: &str, legacy: bool) -> Result<Vec<Tool>, ApiError> {
+/// How a request spells one function.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// Chat completions' `{"type": "function", "function": {"name", …}}`.
+    Nested,
+    /// The legacy `functions`: `{"name", …}`.
+    Legacy,
+    /// The Responses API's `{"type": "function", "name", …}`.
+    Flat,
+}
+
+/// A list of function definitions, each checked, the refusal naming the field as sent;
+/// templates get them in chat completions' shape, whichever way they came.
+pub fn tool_list(v: &Value, key: &str, shape: Shape) -> Result<Vec<Tool>, ApiError> {
+    let legacy = shape == Shape::Legacy;
     let Value::Array(list) = v else {
         return Err(ApiError::invalid(key, format!("`{key}` must be an array; got {}", kind(v)))
             .code("invalid_type"));
@@ -139,7 +153,9 @@ fn tool_list(v: &Value, key: &str, legacy: bool) -> Result<Vec<Tool>, ApiError> 
             }
             t.get("function").unwrap_or(&Value::Null)
         };
-        let fkey = |f: &str| if legacy { at(f) } else { at(&format!(".function{f}")) };
+        let function = if shape == Shape::Flat { t } else { function };
+        let fkey =
+            |f: &str| if shape == Shape::Nested { at(&format!(".function{f}")) } else { at(f) };
         let Value::Object(f) = function else {
             return Err(ApiError::invalid(
                 &fkey(""),
@@ -207,8 +223,15 @@ fn tool_list(v: &Value, key: &str, legacy: bool) -> Result<Vec<Tool>, ApiError> 
             }
         }
         // Templates read the OpenAI shape whichever way it came in.
-        let definition =
-            if legacy { json!({"type": "function", "function": f}) } else { t.clone() };
+        let definition = match shape {
+            Shape::Nested => t.clone(),
+            Shape::Legacy => json!({"type": "function", "function": f}),
+            Shape::Flat => {
+                let mut f = f.clone();
+                f.remove("type");
+                json!({"type": "function", "function": f})
+            }
+        };
         tools.push(Tool { name, definition });
     }
     Ok(tools)
