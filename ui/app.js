@@ -97,7 +97,7 @@ let lastStatus = null;
 
 async function pollStatus() {
   try {
-    const s = await api("/api/status");
+    const s = await api("/perch/status");
     lastStatus = s;
     const pill = $("#status");
     pill.dataset.phase = s.phase;
@@ -419,7 +419,7 @@ function size(bytes) {
 async function loadModels() {
   const err = $("#models-error");
   try {
-    const list = await api("/api/models");
+    const list = await api("/perch/models");
     $("#models-dir").textContent = `Installed in ${list.models_dir}` + (list.hf_cache ? `; also offered from ${list.hf_cache}` : "");
     const rows = list.data.map((m) => {
       const tr = document.createElement("tr");
@@ -433,13 +433,13 @@ async function loadModels() {
       const use = document.createElement("button");
       use.textContent = "Use";
       use.disabled = m.default;
-      use.onclick = () => act(() => api("/api/models/select", { method: "POST", body: { id: m.id } }));
+      use.onclick = () => act(() => api("/perch/models/select", { method: "POST", body: { id: m.id } }));
       actions.append(use);
       if (m.source === "installed") {
         const del = document.createElement("button");
         del.textContent = "Delete";
         del.disabled = m.default;
-        del.onclick = () => confirm(`Delete ${m.id} from disk?`) && act(() => api(`/api/models/${encodeURIComponent(m.id)}`, { method: "DELETE" }));
+        del.onclick = () => confirm(`Delete ${m.id} from disk?`) && act(() => api(`/perch/models/${encodeURIComponent(m.id)}`, { method: "DELETE" }));
         actions.append(del);
       }
       tr.append(actions);
@@ -469,7 +469,7 @@ const refreshedFor = new Set(); // finished downloads the model list already sho
 async function pollDownloads() {
   if ($("#view-models").hidden) return;
   try {
-    const list = await api("/api/downloads");
+    const list = await api("/perch/downloads");
     const items = list.data.map((d) => {
       const li = document.createElement("li");
       li.dataset.id = d.id;
@@ -483,14 +483,14 @@ async function pollDownloads() {
       if (d.state === "running") {
         const cancel = document.createElement("button");
         cancel.textContent = "Cancel";
-        cancel.onclick = () => act(() => api(`/api/downloads/${d.id}/cancel`, { method: "POST" }));
+        cancel.onclick = () => act(() => api(`/perch/downloads/${d.id}/cancel`, { method: "POST" }));
         li.append(cancel);
       }
       if (d.state === "failed") {
         const retry = document.createElement("button");
         retry.textContent = "Retry";
         retry.title = "Starts again, resuming from the parts already downloaded";
-        retry.onclick = () => act(() => api("/api/downloads", { method: "POST", body: { repo: d.repo } }));
+        retry.onclick = () => act(() => api("/perch/downloads", { method: "POST", body: { repo: d.repo } }));
         li.append(retry);
       }
       return li;
@@ -507,11 +507,11 @@ async function pollDownloads() {
 
 $("#download-form").addEventListener("submit", (ev) => {
   ev.preventDefault();
-  act(() => api("/api/downloads", { method: "POST", body: { repo: $("#download-repo").value.trim() } }));
+  act(() => api("/perch/downloads", { method: "POST", body: { repo: $("#download-repo").value.trim() } }));
 });
 $("#import-form").addEventListener("submit", (ev) => {
   ev.preventDefault();
-  act(() => api("/api/models/import", { method: "POST", body: { path: $("#import-path").value.trim() } }));
+  act(() => api("/perch/models/import", { method: "POST", body: { path: $("#import-path").value.trim() } }));
 });
 
 // ---- Settings ---------------------------------------------------------------------------
@@ -547,7 +547,7 @@ function read() {
 
 async function loadSettings() {
   try {
-    const c = await api("/api/config");
+    const c = await api("/perch/config");
     defaults = c.settings;
     $("#config-path").textContent = c.path;
     fill(c.settings);
@@ -571,7 +571,7 @@ $("#settings-form").addEventListener("submit", async (ev) => {
     const body = read();
     // An empty key field keeps the key; removing it is said explicitly.
     if ($("#clear-key").checked) body.api_key = null;
-    const r = await api("/api/config", { method: "PUT", body });
+    const r = await api("/perch/config", { method: "PUT", body });
     progress.textContent = r.restarted ? "Saved. The engine restarted with the new settings." : "Saved. Applied without a restart.";
     // A new port: this page's origin is gone; follow the engine.
     if (r.status && r.status.url && r.status.url !== location.origin) {

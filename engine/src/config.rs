@@ -81,6 +81,9 @@ pub struct Settings {
     pub log_text: bool,
     /// Start Perch when the user logs in (the desktop app applies it).
     pub launch_at_login: bool,
+    /// Also answer on Ollama's port (11434, loopback) when it is free, for tools that
+    /// hard-code it.
+    pub ollama_port: bool,
     /// Offer MLX models found in the Hugging Face cache, in place.
     pub scan_hf_cache: bool,
     /// Where model downloads come from (empty: `$HF_ENDPOINT`, else huggingface.co).
@@ -116,6 +119,7 @@ impl Default for Settings {
             keep_alive_s: 1800,
             log_text: false,
             launch_at_login: false,
+            ollama_port: false,
             scan_hf_cache: true,
             hub_endpoint: String::new(),
             prefix_cache_mb: 2048,
@@ -426,12 +430,13 @@ impl Settings {
     }
 
     /// Whether going from `self` to `new` needs the engine restarted; the rest (sampling
-    /// defaults, the default model, launch at login) applies live.
+    /// defaults, the default model, launch at login, Ollama's port) applies live.
     pub fn needs_restart(&self, new: &Settings) -> bool {
         let live = |s: &Settings| Settings {
             sampling: SamplingDefaults::default(),
             default_model: String::new(),
             launch_at_login: false,
+            ollama_port: false,
             ..s.clone()
         };
         live(self) != live(new)

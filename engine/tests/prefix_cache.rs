@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use perch_engine::decode::{generate_from, DraftMode, GenerateParams, Generation};
+use perch_engine::decode::{generate_from, DraftMode, FinishReason, GenerateParams, Generation};
 use perch_engine::model::kv_cache::KvState;
 use perch_engine::prefix_cache::{CacheKey, PrefixCache, PrefixCacheConfig, PrefixStats};
 use perch_engine::{LoadedModel, SamplingParams};
@@ -293,4 +293,41 @@ fn a_finished_generation_leaves_exactly_the_state_of_its_tokens() {
             }
         }
     }
+}
+
+/// A generation cancelled while it prefills leaves what it had prefilled, exactly (an agent
+/// that gives up on a long prompt and retries, as Claude Code does after its stream timeout,
+/// starts from there instead of from nothing). The cancel is timed at fractions of how long
+/// the whole prefill took, until one lands inside it.
+#[test]
+fn a_cancelled_prefill_leaves_what_it_prefilled() {
+    let model = load_fixture("qwen3");
+    let prompt = long_prompt("qwen3", 1500);
+    let p = GenerateParams { prefill_chunk: 4, max_tokens: 4, ..params(DraftMode::None, false) };
+    let t = std::time::Instant::now();
+    let (cold, _) = run(&model, &prompt, &p, None);
+    let whole = t.elapsed();
+    let mut landed = None;
+    for frac in [0.5, 0.25, 0.75, 0.1, 0.9] {
+        let cancel = std::sync::atomic::AtomicBool::new(false);
+        let (g, state) = std::thread::scope(|s| {
+            s.spawn(|| {
+                std::thread::sleep(whole.mul_f64(frac));
+                cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+            });
+            generate_from(&model, &prompt, &p, Some(&cancel), None, |_, _| {}).unwrap()
+        });
+        if g.finish_reason == FinishReason::Cancelled && g.tokens.is_empty() {
+            let state = state.expect("a prefill cancelled after its first chunk leaves a state");
+            landed = Some(state);
+            break;
+        }
+    }
+    let state = landed.expect("no cancel landed inside the prefill");
+    let n = state.len();
+    assert!(n > 0 && n < prompt.len() && n % 4 == 0, "whole chunks of the prompt: {n}");
+    assert_eq!(state.tokens, prompt[..n]);
+    let (warm, _) = run(&model, &prompt, &p, Some(state));
+    assert_eq!(warm.cached_tokens, n);
+    assert_eq!(warm.tokens, cold.tokens, "the retry answers as a cold run does");
 }

@@ -93,7 +93,7 @@ async fn hand_edits_restart_the_engine_and_invalid_ones_keep_it_serving() {
     assert_eq!((st.restarts, st.phase), (1, Phase::Running));
     assert_eq!(chat(&url).await.0, 200, "still serving");
     assert_eq!(get(&url, "/health").await.1["draft"], "lookup");
-    let (_, cfg) = get(&url, "/api/config").await;
+    let (_, cfg) = get(&url, "/perch/config").await;
     assert_eq!(cfg["error"]["field"], "draft", "{cfg}");
     let menu = sup.tray_menu();
     assert!(
@@ -166,7 +166,7 @@ async fn a_restart_lets_the_request_in_flight_finish_and_answers_others_with_a_c
     assert_eq!(e["error"]["code"], "engine_restarting", "{e}");
     // The status the UI and tray poll answers at once during the restart.
     let t = Instant::now();
-    let (code, st) = get(&url, "/api/status").await;
+    let (code, st) = get(&url, "/perch/status").await;
     assert_eq!((code, st["phase"].as_str()), (200, Some("restarting")), "{st}");
     assert!(t.elapsed() < Duration::from_millis(500), "status took {:?}", t.elapsed());
     let text = reader.await.unwrap();
@@ -193,7 +193,7 @@ async fn the_settings_api_checks_fields_and_applies_live_ones_without_a_restart(
     let s = setup();
     let sup = running(&s).await;
     let url = sup.url();
-    let (code, cfg) = get(&url, "/api/config").await;
+    let (code, cfg) = get(&url, "/perch/config").await;
     assert_eq!(code, 200);
     let settings = cfg["settings"].clone();
     let before = std::fs::read(&s.config).unwrap();
@@ -206,20 +206,20 @@ async fn the_settings_api_checks_fields_and_applies_live_ones_without_a_restart(
     ] {
         let mut bad = settings.clone();
         bad[field] = value;
-        let (code, e) = call(&url, reqwest::Method::PUT, "/api/config", Some(bad)).await;
+        let (code, e) = call(&url, reqwest::Method::PUT, "/perch/config", Some(bad)).await;
         assert_eq!(code, 400, "{field}: {e}");
         assert_eq!(e["error"]["param"], param, "{e}");
         assert_eq!(e["error"]["code"], "invalid_setting");
     }
     let mut typo = settings.clone();
     typo["prot"] = json!(1);
-    assert_eq!(call(&url, reqwest::Method::PUT, "/api/config", Some(typo)).await.0, 400);
+    assert_eq!(call(&url, reqwest::Method::PUT, "/perch/config", Some(typo)).await.0, 400);
     assert_eq!(std::fs::read(&s.config).unwrap(), before, "a refused change leaves the file alone");
 
     // Sampling defaults apply live; requests that omit temperature now get greedy output.
     let mut live = settings.clone();
     live["sampling"]["temperature"] = json!(0.0);
-    let (code, r) = call(&url, reqwest::Method::PUT, "/api/config", Some(live.clone())).await;
+    let (code, r) = call(&url, reqwest::Method::PUT, "/perch/config", Some(live.clone())).await;
     assert_eq!((code, &r["restarted"]), (200, &json!(false)), "{r}");
     assert_eq!(sup.status().restarts, 0);
     let a = chat(&url).await.1["choices"][0]["message"]["content"].clone();
@@ -234,7 +234,7 @@ async fn the_settings_api_checks_fields_and_applies_live_ones_without_a_restart(
 
     // Picking another model (the tray's picker) loads it without a restart.
     let (code, r) =
-        call(&url, reqwest::Method::POST, "/api/models/select", Some(json!({"id": "mtp"}))).await;
+        call(&url, reqwest::Method::POST, "/perch/models/select", Some(json!({"id": "mtp"}))).await;
     assert_eq!(code, 200, "{r}");
     assert_eq!(sup.status().restarts, 0);
     let (_, h) = get(&url, "/health").await;
@@ -247,11 +247,12 @@ async fn the_settings_api_checks_fields_and_applies_live_ones_without_a_restart(
     assert!(menu.status_line.starts_with("mtp"), "{menu:?}");
     assert_eq!(menu.api_url, format!("{url}/v1"));
     let (code, e) =
-        call(&url, reqwest::Method::POST, "/api/models/select", Some(json!({"id": "nope"}))).await;
+        call(&url, reqwest::Method::POST, "/perch/models/select", Some(json!({"id": "nope"})))
+            .await;
     assert_eq!((code, &e["error"]["param"]), (400, &json!("default_model")), "{e}");
 
     // Models: listed with size and format; the default cannot be deleted, another can.
-    let (_, list) = get(&url, "/api/models").await;
+    let (_, list) = get(&url, "/perch/models").await;
     let ids: Vec<&str> =
         list["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["chat", "mtp"]);
@@ -259,28 +260,28 @@ async fn the_settings_api_checks_fields_and_applies_live_ones_without_a_restart(
         list["data"][0]["size_bytes"].as_u64().unwrap() > 100_000
             && list["data"][0]["format"].is_string()
     );
-    let (code, e) = call(&url, reqwest::Method::DELETE, "/api/models/mtp", Some(json!({}))).await;
+    let (code, e) = call(&url, reqwest::Method::DELETE, "/perch/models/mtp", Some(json!({}))).await;
     assert_eq!((code, &e["error"]["code"]), (400, &json!("model_in_use")), "{e}");
-    call(&url, reqwest::Method::POST, "/api/models/select", Some(json!({"id": "chat"}))).await;
+    call(&url, reqwest::Method::POST, "/perch/models/select", Some(json!({"id": "chat"}))).await;
     // A folder Perch did not install (this one was copied in by hand) is never deleted.
-    let (code, e) = call(&url, reqwest::Method::DELETE, "/api/models/mtp", Some(json!({}))).await;
+    let (code, e) = call(&url, reqwest::Method::DELETE, "/perch/models/mtp", Some(json!({}))).await;
     assert_eq!((code, &e["error"]["code"]), (400, &json!("not_installed_by_perch")), "{e}");
     assert!(s.models.join("mtp/config.json").exists());
     perch_engine::catalog::mark_installed(&s.models.join("mtp")).unwrap();
-    let (code, _) = call(&url, reqwest::Method::DELETE, "/api/models/mtp", Some(json!({}))).await;
+    let (code, _) = call(&url, reqwest::Method::DELETE, "/perch/models/mtp", Some(json!({}))).await;
     assert_eq!(code, 200);
     assert!(!s.models.join("mtp").exists());
 
     // The control API sits behind the same guard as the engine's.
     let r = client()
-        .get(format!("{url}/api/config"))
+        .get(format!("{url}/perch/config"))
         .header("Host", "evil.example")
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 403);
     let r = client()
-        .put(format!("{url}/api/config"))
+        .put(format!("{url}/perch/config"))
         .header("Origin", "https://evil.example")
         .json(&live)
         .send()
@@ -293,7 +294,7 @@ async fn the_settings_api_checks_fields_and_applies_live_ones_without_a_restart(
     let mut moved = live.clone();
     moved["port"] = json!(free);
     let t = Instant::now();
-    let (code, r) = call(&url, reqwest::Method::PUT, "/api/config", Some(moved)).await;
+    let (code, r) = call(&url, reqwest::Method::PUT, "/perch/config", Some(moved)).await;
     assert_eq!(code, 200, "{r}");
     assert!(t.elapsed() < Duration::from_secs(5), "moving the port took {:?}", t.elapsed());
     assert_eq!(
@@ -338,23 +339,24 @@ async fn a_gguf_imported_through_the_api_becomes_an_installed_model() {
     let (code, e) = call(
         &url,
         reqwest::Method::POST,
-        "/api/models/import",
+        "/perch/models/import",
         Some(json!({"path": "/nonexistent/model.gguf"})),
     )
     .await;
     assert_eq!((code, &e["error"]["param"]), (400, &json!("path")), "{e}");
-    let (code, e) = call(&url, reqwest::Method::POST, "/api/models/import", Some(json!({}))).await;
+    let (code, e) =
+        call(&url, reqwest::Method::POST, "/perch/models/import", Some(json!({}))).await;
     assert_eq!((code, &e["error"]["param"]), (400, &json!("path")), "{e}");
     let (code, r) = call(
         &url,
         reqwest::Method::POST,
-        "/api/models/import",
+        "/perch/models/import",
         Some(json!({"path": gguf, "name": "gemma-imported"})),
     )
     .await;
     assert_eq!(code, 200, "{r}");
     assert_eq!(r["id"], "gemma-imported");
-    let (_, list) = get(&url, "/api/models").await;
+    let (_, list) = get(&url, "/perch/models").await;
     let m = list["data"]
         .as_array()
         .unwrap()
@@ -370,7 +372,7 @@ async fn a_gguf_imported_through_the_api_becomes_an_installed_model() {
     assert!(m["size_bytes"].as_u64().unwrap() > 100_000_000, "{m}");
     // What Perch imported, Perch may delete.
     let (code, r) =
-        call(&url, reqwest::Method::DELETE, "/api/models/gemma-imported", Some(json!({}))).await;
+        call(&url, reqwest::Method::DELETE, "/perch/models/gemma-imported", Some(json!({}))).await;
     assert_eq!(code, 200, "{r}");
     assert!(!s.models.join("gemma-imported").exists());
     sup.shutdown().await;
@@ -422,9 +424,9 @@ async fn the_api_key_is_never_dropped_shown_or_cleared_by_omission() {
     let sup = Supervisor::start(&s.config, None).await.unwrap();
     assert_eq!(sup.status().phase, Phase::Failed);
     let url = sup.url();
-    assert_eq!(get(&url, "/api/status").await.0, 401, "served without the file's key");
+    assert_eq!(get(&url, "/perch/status").await.0, 401, "served without the file's key");
     assert_eq!(
-        authed(reqwest::Method::GET, format!("{url}/api/status")).send().await.unwrap().status(),
+        authed(reqwest::Method::GET, format!("{url}/perch/status")).send().await.unwrap().status(),
         200
     );
     sup.shutdown().await;
@@ -434,7 +436,7 @@ async fn the_api_key_is_never_dropped_shown_or_cleared_by_omission() {
     let sup = Supervisor::start(&s.config, None).await.unwrap();
     wait_for(&sup, "the engine to run", |st| st.phase == Phase::Running).await;
     let url = sup.url();
-    let cfg: Value = authed(reqwest::Method::GET, format!("{url}/api/config"))
+    let cfg: Value = authed(reqwest::Method::GET, format!("{url}/perch/config"))
         .send()
         .await
         .unwrap()
@@ -451,7 +453,7 @@ async fn the_api_key_is_never_dropped_shown_or_cleared_by_omission() {
     // A body naming one field changes that field; the key, models directory and the rest stay.
     // (An empty key is what the settings page sends when its password field is left empty.)
     for body in [json!({"draft": "lookup"}), json!({"draft": "lookup", "api_key": ""})] {
-        let r = authed(reqwest::Method::PUT, format!("{url}/api/config"))
+        let r = authed(reqwest::Method::PUT, format!("{url}/perch/config"))
             .json(&body)
             .send()
             .await
@@ -465,10 +467,10 @@ async fn the_api_key_is_never_dropped_shown_or_cleared_by_omission() {
         assert_eq!(file.default_model, "chat");
     }
     wait_for(&sup, "the restart", |st| st.phase == Phase::Running).await;
-    assert_eq!(get(&sup.url(), "/api/config").await.0, 401, "still guarded after the change");
+    assert_eq!(get(&sup.url(), "/perch/config").await.0, 401, "still guarded after the change");
     // A typo is still refused by name, and the file is left alone.
     let before = std::fs::read(&s.config).unwrap();
-    let r = authed(reqwest::Method::PUT, format!("{}/api/config", sup.url()))
+    let r = authed(reqwest::Method::PUT, format!("{}/perch/config", sup.url()))
         .json(&json!({"drfat": "none"}))
         .send()
         .await
@@ -501,10 +503,10 @@ async fn the_pages_load_without_the_key_and_only_perchs_own_pages_change_setting
         assert_eq!(r.status(), 200, "{page}");
     }
     assert_eq!(get(&url, "/v1/models").await.0, 401);
-    assert_eq!(get(&url, "/api/status").await.0, 401);
+    assert_eq!(get(&url, "/perch/status").await.0, 401);
     let write = |origin: Option<&str>, content_type: Option<&str>, body: &'static str| {
         let mut r =
-            client().post(format!("{url}/api/models/select")).bearer_auth("sekrit").body(body);
+            client().post(format!("{url}/perch/models/select")).bearer_auth("sekrit").body(body);
         if let Some(o) = origin {
             r = r.header("Origin", o);
         }
@@ -543,7 +545,7 @@ async fn the_pages_load_without_the_key_and_only_perchs_own_pages_change_setting
         200
     );
     // A write without a body needs no type (the page's cancel buttons send none).
-    let r = client().post(format!("{url}/api/downloads/999/cancel")).bearer_auth("sekrit").send();
+    let r = client().post(format!("{url}/perch/downloads/999/cancel")).bearer_auth("sekrit").send();
     assert_ne!(r.await.unwrap().status(), 415);
     sup.shutdown().await;
 }

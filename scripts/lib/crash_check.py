@@ -16,7 +16,7 @@ a = ap.parse_args()
 out = {"settings": [], "import": [], "download": []}
 
 def put(port, body):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/api/config", data=json.dumps(body).encode(),
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/perch/config", data=json.dumps(body).encode(),
                                  method="PUT", headers={"Content-Type": "application/json"})
     try:
         urllib.request.urlopen(req, timeout=5).read()
@@ -120,7 +120,7 @@ def serve(cfg):
     raise SystemExit("perch serve did not start")
 
 def start_download(port):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/api/downloads", data=b'{"repo": "test/dl"}',
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/perch/downloads", data=b'{"repo": "test/dl"}',
                                  method="POST", headers={"Content-Type": "application/json"})
     urllib.request.urlopen(req, timeout=5).read()
 

@@ -108,14 +108,14 @@ try {
   step("the conversation survived a reload");
 
   // 5. A setting that needs a restart: the engine restarts and comes back.
-  const before = await page.evaluate(() => fetch("/api/status").then((r) => r.json()));
+  const before = await page.evaluate(() => fetch("/perch/status").then((r) => r.json()));
   await page.goto(`${url}/#settings`);
   await page.waitForFunction(() => document.querySelector("#config-path").textContent.length > 0);
   await page.selectOption("select[name=draft]", "lookup");
   await page.click("#save-settings");
   await page.waitForFunction(() => /restarted/.test(document.querySelector("#settings-progress").textContent), null, { timeout: 60000 });
   await waitRunning();
-  const after = await page.evaluate(() => fetch("/api/status").then((r) => r.json()));
+  const after = await page.evaluate(() => fetch("/perch/status").then((r) => r.json()));
   assert.equal(after.restarts, before.restarts + 1);
   assert.equal((await health()).draft, "lookup");
   assert.match(fs.readFileSync(configFile, "utf8"), /draft = "lookup"/);

@@ -70,7 +70,7 @@ time.sleep(1.5)
 env = dict(os.environ, PERCH_NO_WINDOW="1")
 proc = subprocess.Popen([app], env=env)
 try:
-    until("the engine", lambda: get("/api/status")["phase"] == "running")
+    until("the engine", lambda: get("/perch/status")["phase"] == "running")
     step("the app's engine runs")
     time.sleep(1)  # the tray follows the engine within 250 ms
 
@@ -103,7 +103,7 @@ try:
     # the second; Return picks it.
     subprocess.run(["xdotool", "key", "--delay", "150", "Down", "Down", "Return"], check=True)
     until("the picked model to load", lambda: get("/health")["model"]["id"] == "mtp", timeout=30)
-    assert get("/api/status")["default_model"] == "mtp"
+    assert get("/perch/status")["default_model"] == "mtp"
     step("picking the second model in the menu loaded it")
 
     time.sleep(1)  # let the tray take the rebuilt menu (the check moved)

@@ -294,8 +294,8 @@ pub(crate) fn begin(req: &Request<'_>, from: Option<KvState>) -> Result<Begin> {
     })
 }
 
-/// A decoding loop's end: the generation and the caches it leaves (none when it was
-/// cancelled before its first token).
+/// A decoding loop's end: the generation and the caches it leaves (after a prefill that was
+/// cancelled, what it had prefilled).
 pub(crate) struct Ended {
     pub generation: Generation,
     pub caches: Vec<KvCache>,

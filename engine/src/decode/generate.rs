@@ -28,7 +28,8 @@ fn generate_plain(
     let last = prompt[prompt.len() - 1];
     let head = &prompt[reused..prompt.len() - 1];
     if !prefill(model, head, params.prefill_chunk, &mut caches, cancel)? {
-        return Ok(Ended::new(cancelled_early(prompt.len(), start), vec![], None, reused));
+        // What was prefilled stays usable: a retry of the same prompt starts from it.
+        return Ok(Ended::new(cancelled_early(prompt.len(), start), caches, None, reused));
     }
 
     let mut step = |input: &Array, caches: &mut [KvCache]| -> Result<Array> {

@@ -27,7 +27,8 @@ pub(crate) fn generate(
     let Request { model, prompt, params, cancel } = req;
     let head = &prompt[reused..prompt.len() - 1];
     if !prefill(model, head, params.prefill_chunk, &mut caches, cancel)? {
-        return Ok(Ended::new(cancelled_early(prompt.len(), start), vec![], None, reused));
+        // What was prefilled stays usable: a retry of the same prompt starts from it.
+        return Ok(Ended::new(cancelled_early(prompt.len(), start), caches, None, reused));
     }
     let mut grammar = params.constraint.clone();
     let json_mode = params.json_mode && grammar.is_none();

@@ -245,7 +245,8 @@ pub(crate) fn generate(
     let chunk = params.prefill_chunk.max(1);
     for (c, ids) in head.chunks(chunk).enumerate() {
         if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
-            return Ok(Ended::new(cancelled_early(prompt.len(), start), vec![], None, reused));
+            // What was prefilled stays usable: a retry of the same prompt starts from it.
+            return Ok(Ended::new(cancelled_early(prompt.len(), start), caches, None, reused));
         }
         let hidden = model.hidden(&token_array(ids), &mut caches)?;
         let mut state: Vec<&Array> = caches.iter().flat_map(|c| c.state()).collect();

@@ -1,7 +1,7 @@
 //! What a request must pass before any handler runs: a `Host` that names this machine (DNS
 //! rebinding), an `Origin` that is allowed (CORS; cross-site pages may not even start a
 //! generation), and the API key when one is set. The static pages need no key (they ask for
-//! it); requests that change the app (`/api/` writes) come only from Perch's own pages, with
+//! it); requests that change the app (`/perch/` writes, Ollama's pull and delete) come only from Perch's own pages, with
 //! JSON bodies.
 
 use std::sync::Arc;
@@ -47,12 +47,10 @@ fn origin_allowed(origin: &str, headers: &HeaderMap, allowed: &[String]) -> bool
     own_origin(origin, headers) || allowed.iter().any(|a| a == origin)
 }
 
-/// A request that changes the app: settings, models, downloads (the control API's writes).
-/// Ollama's routes under `/api/` are the engine's, guarded like `/v1`.
+/// A request that changes the app: settings, models, downloads (the control API's writes,
+/// Ollama's pull and delete among them).
 fn control_write(req: &Request) -> bool {
-    let path = req.uri().path();
-    path.starts_with("/api/")
-        && !super::OLLAMA_ROUTES.contains(&path)
+    super::is_control(req.uri().path())
         && matches!(*req.method(), Method::POST | Method::PUT | Method::DELETE | Method::PATCH)
 }
 

@@ -3,6 +3,7 @@
 //! checks, optional API key, bounded queue and body size).
 
 pub mod anthropic;
+pub(crate) mod body;
 pub mod error;
 mod exchange;
 pub mod guard;
@@ -37,10 +38,19 @@ use error::ApiError;
 use metrics::Metrics;
 use request_log::RequestLog;
 
-/// Ollama's paths Perch answers (the rest of `/api/` is Perch's control API). Here, not in
-/// `ollama`, because the guard and the error shapes need them too.
-pub const OLLAMA_ROUTES: &[&str] =
-    &["/api/chat", "/api/generate", "/api/tags", "/api/ps", "/api/show", "/api/version"];
+/// Perch's own control API (status, settings, models, downloads) lives under this prefix, so
+/// that `/api/` means what Ollama's clients expect.
+pub const CONTROL_PREFIX: &str = "/perch/";
+
+/// Ollama's routes that change what is installed: the control API answers them (it owns
+/// downloads and the models directory), in Ollama's shape.
+pub const OLLAMA_CONTROL_ROUTES: &[&str] = &["/api/pull", "/api/delete"];
+
+/// Whether the control API answers `path` (the guard, the error shapes and the dispatcher
+/// ask; here, not in `supervisor`, which the server never names).
+pub fn is_control(path: &str) -> bool {
+    path.starts_with(CONTROL_PREFIX) || OLLAMA_CONTROL_ROUTES.contains(&path)
+}
 
 /// Perch's default port: clear of Ollama (11434), LM Studio (1234) and the usual dev servers
 /// (3000, 5000, 5173, 8000, 8080, 8888).
@@ -134,6 +144,8 @@ pub struct App {
     next_id: AtomicU64,
     /// Cancellation flags of the generations in flight, for shutdown.
     in_flight: Mutex<HashMap<u64, Arc<AtomicBool>>>,
+    /// Recent Responses API answers, for `previous_response_id`.
+    pub responses: Arc<openai::responses::store::Store>,
 }
 
 impl App {
@@ -179,6 +191,11 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/models/{*id}", get(openai::model))
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/responses", post(openai::responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(openai::responses::retrieve).delete(openai::responses::delete),
+        )
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/api/chat", post(ollama::chat))
@@ -202,7 +219,7 @@ pub fn router(app: Arc<App>) -> Router {
 }
 
 /// What the listener serves, and outlives engine restarts: the UI at `/`, the control API
-/// under `/api/` (when an owner installs one), and the current engine's API — or, while there
+/// under `/perch/` (when an owner installs one), and the current engine's API — or, while there
 /// is none (restarting, failed), a JSON 503 that says why.
 pub struct Front {
     hosted: RwLock<Option<(Arc<App>, Router)>>,
@@ -237,18 +254,17 @@ impl Front {
 
 async fn dispatch(State(front): State<Arc<Front>>, req: Request) -> Response {
     let path = req.uri().path();
-    // `/api/` is Perch's control API, except Ollama's own paths, which the engine answers.
-    if path.starts_with("/api/") && !OLLAMA_ROUTES.contains(&path) {
+    if is_control(path) {
         let control = front.control.read_now().clone();
         return match control {
             Some(r) => r.oneshot(req).await.into_response(),
             None => ApiError::new(
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
-                "The control API is served by the desktop app and by `perch serve --config FILE`",
+                "The control API (and Ollama's pull and delete) is served by the desktop app and by `perch serve --config FILE`",
             )
             .code("not_found")
-            .into_response(),
+            .into_response_as(error::Dialect::of_path(path)),
         };
     }
     let hosted = front.hosted.read_now().as_ref().map(|(_, r)| r.clone());
@@ -263,6 +279,43 @@ async fn dispatch(State(front): State<Arc<Front>>, req: Request) -> Response {
                 .insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
             r
         }
+    }
+}
+
+/// Ollama's port, for tools that hard-code it (the `ollama_port` setting).
+pub const OLLAMA_PORT: u16 = 11434;
+
+/// Another listener on a front (the same UI, APIs and guard, whatever engine is hosted);
+/// dropping it stops accepting connections and lets its requests finish.
+pub struct ExtraListener {
+    pub addr: SocketAddr,
+    front: Arc<Front>,
+    _stop: oneshot::Sender<()>,
+}
+
+impl ExtraListener {
+    /// Listen on `addr` too, serving `front`.
+    pub async fn bind(front: &Arc<Front>, addr: SocketAddr) -> Result<ExtraListener, ServeError> {
+        let listener =
+            tokio::net::TcpListener::bind(addr).await.map_err(|e| ServeError::Bind(addr, e))?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let service = front_router(front.clone());
+        tokio::spawn(async move {
+            let served = axum::serve(listener, service).with_graceful_shutdown(async move {
+                // A dropped sender stops it too.
+                let _ = stopped.await;
+            });
+            if let Err(e) = served.await {
+                tracing::warn!(%addr, "listener stopped: {e}");
+            }
+        });
+        tracing::info!(%addr, "also serving");
+        Ok(ExtraListener { addr, front: front.clone(), _stop: stop })
+    }
+
+    /// Whether this listener serves `front`.
+    pub fn serves(&self, front: &Arc<Front>) -> bool {
+        Arc::ptr_eq(&self.front, front)
     }
 }
 
@@ -351,6 +404,7 @@ impl Server {
             training,
             next_id: AtomicU64::new(1),
             in_flight: Mutex::new(HashMap::new()),
+            responses: Arc::default(),
         });
         *self.front.guard.write_now() = Arc::new(config);
         *self.front.hosted.write_now() = Some((app.clone(), router(app.clone())));

@@ -1,5 +1,6 @@
-//! The control API the UI uses besides `/v1`: status, settings, models, downloads. Same
-//! listener, same guard (Host, Origin, key) as the engine's API.
+//! The control API the UI uses besides `/v1`, under `/perch/`: status, settings, models,
+//! downloads (and Ollama's pull and delete, in `pull`). Same listener, same guard (Host,
+//! Origin, key) as the engine's API.
 
 use std::sync::{Arc, Weak};
 
@@ -16,18 +17,20 @@ use crate::config::{ConfigError, Settings};
 use crate::download::DownloadError;
 use crate::server::error::ApiError;
 
-type S = State<Weak<Supervisor>>;
+pub(super) type S = State<Weak<Supervisor>>;
 
 pub fn router(sup: Weak<Supervisor>) -> Router {
     Router::new()
-        .route("/api/status", get(status))
-        .route("/api/config", get(get_config).put(put_config))
-        .route("/api/models", get(models))
-        .route("/api/models/select", post(select))
-        .route("/api/models/import", post(import))
-        .route("/api/models/{*id}", axum::routing::delete(delete_model))
-        .route("/api/downloads", get(downloads).post(start_download))
-        .route("/api/downloads/{id}/cancel", post(cancel_download))
+        .route("/perch/status", get(status))
+        .route("/perch/config", get(get_config).put(put_config))
+        .route("/perch/models", get(models))
+        .route("/perch/models/select", post(select))
+        .route("/perch/models/import", post(import))
+        .route("/perch/models/{*id}", axum::routing::delete(delete_model))
+        .route("/perch/downloads", get(downloads).post(start_download))
+        .route("/perch/downloads/{id}/cancel", post(cancel_download))
+        .route("/api/pull", post(super::pull::pull))
+        .route("/api/delete", axum::routing::delete(super::pull::delete))
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -55,7 +58,7 @@ fn config_error(e: &ConfigError) -> ApiError {
 
 type Reply = Result<Response, ApiError>;
 
-fn live(sup: Weak<Supervisor>) -> Result<Arc<Supervisor>, ApiError> {
+pub(super) fn live(sup: Weak<Supervisor>) -> Result<Arc<Supervisor>, ApiError> {
     sup.upgrade().ok_or_else(gone)
 }
 
@@ -94,7 +97,7 @@ async fn status(State(sup): S) -> Reply {
 /// What runs, or while the engine is still starting (nothing applied yet) what the file says:
 /// a download or import asked for then still goes where the settings say, not to the
 /// platform's defaults.
-fn current_settings(sup: &Supervisor) -> Settings {
+pub(super) fn current_settings(sup: &Supervisor) -> Settings {
     sup.settings().or_else(|| Settings::load(sup.config_path()).ok()).unwrap_or_default()
 }
 
@@ -166,7 +169,12 @@ async fn select(State(sup): S, bytes: Bytes) -> Reply {
 }
 
 async fn delete_model(State(sup): S, Path(id): Path<String>) -> Reply {
-    let sup = live(sup)?;
+    delete_installed(&*live(sup)?, &id).await?;
+    Ok(Json(json!({"id": id, "deleted": true})).into_response())
+}
+
+/// Unload and delete an installed model, if Perch installed it and it is not the default.
+pub(super) async fn delete_installed(sup: &Supervisor, id: &str) -> Result<(), ApiError> {
     let settings = sup.settings().ok_or_else(gone)?;
     if id == settings.default_model {
         return Err(ApiError::invalid(
@@ -181,7 +189,7 @@ async fn delete_model(State(sup): S, Path(id): Path<String>) -> Reply {
         .installed()
         .into_iter()
         .find(|m| m.id == id)
-        .ok_or_else(|| ApiError::model_not_found(&id))?;
+        .ok_or_else(|| ApiError::model_not_found(id))?;
     // The models directory can point anywhere: only folders Perch installed are deleted.
     if !crate::catalog::installed_by_perch(&m.path) {
         return Err(ApiError::invalid(
@@ -195,7 +203,7 @@ async fn delete_model(State(sup): S, Path(id): Path<String>) -> Reply {
         .code("not_installed_by_perch"));
     }
     if let Some(app) = sup.app() {
-        app.engine.unload(&id).await?;
+        app.engine.unload(id).await?;
     }
     tokio::fs::remove_dir_all(&m.path).await.map_err(|e| {
         ApiError::new(
@@ -203,8 +211,7 @@ async fn delete_model(State(sup): S, Path(id): Path<String>) -> Reply {
             "server_error",
             format!("cannot delete {}: {e}", m.path.display()),
         )
-    })?;
-    Ok(Json(json!({"id": id, "deleted": true})).into_response())
+    })
 }
 
 async fn import(State(sup): S, bytes: Bytes) -> Reply {

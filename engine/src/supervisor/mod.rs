@@ -6,6 +6,7 @@
 
 mod control;
 mod menu;
+mod pull;
 mod watch;
 
 pub use menu::{TrayMenu, TrayModel};
@@ -59,6 +60,10 @@ pub struct Status {
     /// A model being loaded by a live change, until it is ready.
     pub loading: Option<String>,
     pub restarts: u64,
+    /// Where Perch also answers on Ollama's port (the `ollama_port` setting).
+    pub ollama_url: Option<String>,
+    /// Why it does not, when the setting asks for it.
+    pub ollama_port_error: Option<String>,
 }
 
 pub struct Supervisor {
@@ -69,6 +74,8 @@ pub struct Supervisor {
     front: Mutex<Option<Arc<crate::server::Front>>>,
     /// The settings the engine runs with (None until a valid file has been applied).
     applied: Mutex<Option<Settings>>,
+    /// The listener on Ollama's port, while the setting asks for one and the port was free.
+    ollama_listener: tokio::sync::Mutex<Option<crate::server::ExtraListener>>,
     status: Mutex<Status>,
     /// One change (reload, save, restart) at a time.
     changes: tokio::sync::Mutex<()>,
@@ -122,7 +129,10 @@ impl Supervisor {
                 config_path: path.to_path_buf(),
                 loading: None,
                 restarts: 0,
+                ollama_url: None,
+                ollama_port_error: None,
             }),
+            ollama_listener: tokio::sync::Mutex::new(None),
             changes: tokio::sync::Mutex::new(()),
             watcher: Mutex::new(None),
             runtime: tokio::runtime::Handle::current(),
@@ -135,6 +145,7 @@ impl Supervisor {
                 tokio::spawn(async move {
                     let _change = s.changes.lock().await;
                     s.launch(settings, None).await;
+                    s.sync_ollama_port().await;
                 });
             }
             Err(e) => sup.reject(&e, "No engine: the settings file has a problem"),
@@ -241,6 +252,47 @@ impl Supervisor {
                 self.launch(new, old).await;
             }
         }
+        self.sync_ollama_port().await;
+    }
+
+    /// Listen on Ollama's port while the applied settings ask for it (and the port is free),
+    /// on the front that serves now (a new port means a new front).
+    async fn sync_ollama_port(&self) {
+        let want = self.settings().is_some_and(|s| s.ollama_port);
+        let front = lock(&self.front).clone();
+        let mut listener = self.ollama_listener.lock().await;
+        let keep = match (&*listener, &front) {
+            (Some(l), Some(f)) => want && l.serves(f),
+            _ => false,
+        };
+        if !keep {
+            // Dropped first: the port is free again before it is bound anew.
+            *listener = None;
+        }
+        let (mut url, mut error) = (listener.as_ref().map(|l| format!("http://{}", l.addr)), None);
+        if want && listener.is_none() {
+            if let Some(front) = front {
+                let ip = self.server.lock().await.as_ref().map(|s| s.addr.ip());
+                let addr = std::net::SocketAddr::new(
+                    ip.unwrap_or(std::net::IpAddr::from([127, 0, 0, 1])),
+                    crate::server::OLLAMA_PORT,
+                );
+                match crate::server::ExtraListener::bind(&front, addr).await {
+                    Ok(l) => {
+                        url = Some(format!("http://{}", l.addr));
+                        *listener = Some(l);
+                    }
+                    Err(e) => {
+                        tracing::warn!("{e}");
+                        error = Some(format!("{e} (is Ollama running?)"));
+                    }
+                }
+            }
+        }
+        self.set(|s| {
+            s.ollama_url = url;
+            s.ollama_port_error = error;
+        });
     }
 
     async fn apply_live(&self, old: &Settings, new: Settings) {
@@ -370,6 +422,7 @@ impl Supervisor {
     /// Stop watching, drain the engine and close the listener.
     pub async fn shutdown(&self) {
         lock(&self.watcher).take();
+        self.ollama_listener.lock().await.take();
         self.downloads.cancel_all();
         if let Some(server) = self.server.lock().await.take() {
             server.shutdown().await;
