@@ -39,27 +39,7 @@ fn text_of(message: &Value) -> String {
 
 /// The raw event stream: (event name, data) pairs.
 async fn events(s: &Server, body: Value) -> Vec<(String, Value)> {
-    let mut body = body;
-    body["stream"] = json!(true);
-    let text = client()
-        .post(format!("{}/v1/messages", s.url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let mut out = vec![];
-    let mut name = String::new();
-    for line in text.lines() {
-        if let Some(n) = line.strip_prefix("event: ") {
-            name = n.to_string();
-        } else if let Some(d) = line.strip_prefix("data: ") {
-            out.push((std::mem::take(&mut name), serde_json::from_str(d).unwrap()));
-        }
-    }
-    out
+    sse_events(s, "/v1/messages", body).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

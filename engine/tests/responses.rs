@@ -39,29 +39,11 @@ fn output_text(r: &Value) -> String {
 
 /// The raw event stream's data, each checked against its `event:` name.
 async fn events(s: &Server, body: Value) -> Vec<Value> {
-    let mut body = body;
-    body["stream"] = json!(true);
-    let text = client()
-        .post(format!("{}/v1/responses", s.url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let mut out = vec![];
-    let mut name = String::new();
-    for line in text.lines() {
-        if let Some(n) = line.strip_prefix("event: ") {
-            name = n.to_string();
-        } else if let Some(d) = line.strip_prefix("data: ") {
-            let v: Value = serde_json::from_str(d).unwrap();
-            assert_eq!(v["type"], name.as_str(), "{v}");
-            out.push(v);
-        }
+    let events = sse_events(s, "/v1/responses", body).await;
+    for (name, data) in &events {
+        assert_eq!(data["type"], name.as_str(), "{data}");
     }
-    out
+    events.into_iter().map(|(_, data)| data).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -88,6 +88,12 @@ pub async fn get<B: Base + ?Sized>(to: &B, path: &str) -> (u16, Value) {
 
 /// `body` sent to `path` with `stream: true`: every SSE data chunk as JSON, `[DONE]` left out.
 pub async fn stream_chunks<B: Base + ?Sized>(to: &B, path: &str, body: Value) -> Vec<Value> {
+    sse_events(to, path, body).await.into_iter().map(|(_, data)| data).collect()
+}
+
+/// `body` sent to `path` with `stream: true`: each SSE event as its `event:` name (empty
+/// when it has none) and its data as JSON, `[DONE]` left out.
+pub async fn sse_events<B: Base + ?Sized>(to: &B, path: &str, body: Value) -> Vec<(String, Value)> {
     let mut body = body;
     body["stream"] = Value::Bool(true);
     let text = client()
@@ -99,9 +105,14 @@ pub async fn stream_chunks<B: Base + ?Sized>(to: &B, path: &str, body: Value) ->
         .text()
         .await
         .unwrap();
-    text.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect()
+    let mut out = vec![];
+    let mut name = String::new();
+    for line in text.lines() {
+        if let Some(n) = line.strip_prefix("event: ") {
+            name = n.to_string();
+        } else if let Some(d) = line.strip_prefix("data: ").filter(|d| *d != "[DONE]") {
+            out.push((std::mem::take(&mut name), serde_json::from_str(d).unwrap()));
+        }
+    }
+    out
 }

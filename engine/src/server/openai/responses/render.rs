@@ -13,6 +13,7 @@ use axum::Json;
 use futures_util::stream::{self, Stream};
 use serde_json::{json, Map, Value};
 
+use super::request::push_call;
 use super::store::{Store, Stored};
 use crate::chat::ChatMessage;
 use crate::decode::{FinishReason, TokenLogprob};
@@ -296,20 +297,8 @@ fn messages_of(output: &[Value]) -> Vec<ChatMessage> {
                 out.push(ChatMessage::new("assistant", text));
             }
             Some("function_call") => {
-                let raw = item["arguments"].as_str().unwrap_or_default();
-                let args = match serde_json::from_str::<Value>(raw) {
-                    Ok(v @ Value::Object(_)) => v,
-                    _ => Value::from(raw),
-                };
-                let call = json!({"id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": args}});
-                match out.last_mut() {
-                    Some(m) if m.role == "assistant" => m.tool_calls.push(call),
-                    _ => {
-                        let mut m = ChatMessage::new("assistant", "");
-                        m.tool_calls.push(call);
-                        out.push(m);
-                    }
-                }
+                let args = item["arguments"].as_str().unwrap_or_default();
+                push_call(&mut out, item["call_id"].clone(), item["name"].clone(), args);
             }
             _ => {}
         }

@@ -332,21 +332,7 @@ fn input(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
                 let call_id = text_field("call_id")?;
                 let name = text_field("name")?;
                 let arguments = text_field("arguments")?;
-                // Templates `tojson` the arguments: an object when they parse as one.
-                let args = match serde_json::from_str::<Value>(&arguments) {
-                    Ok(v @ Value::Object(_)) => v,
-                    _ => Value::String(arguments),
-                };
-                let call = json!({"id": call_id, "type": "function", "function": {"name": name, "arguments": args}});
-                // Calls that follow an assistant message (or each other) belong to it.
-                match out.last_mut() {
-                    Some(m) if m.role == "assistant" => m.tool_calls.push(call),
-                    _ => {
-                        let mut m = ChatMessage::new("assistant", "");
-                        m.tool_calls.push(call);
-                        out.push(m);
-                    }
-                }
+                push_call(&mut out, json!(call_id), json!(name), &arguments);
             }
             "function_call_output" => {
                 let call_id = text_field("call_id")?;
@@ -375,6 +361,26 @@ fn input(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
         }
     }
     Ok(out)
+}
+
+/// A function call into the conversation: it belongs to the assistant message it follows
+/// (or to the calls before it), else it starts one. Templates `tojson` the arguments: an
+/// object when they parse as one, the text as sent otherwise.
+pub(super) fn push_call(out: &mut Vec<ChatMessage>, call_id: Value, name: Value, arguments: &str) {
+    let args = match serde_json::from_str::<Value>(arguments) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => Value::from(arguments),
+    };
+    let call =
+        json!({"id": call_id, "type": "function", "function": {"name": name, "arguments": args}});
+    match out.last_mut() {
+        Some(m) if m.role == "assistant" => m.tool_calls.push(call),
+        _ => {
+            let mut m = ChatMessage::new("assistant", "");
+            m.tool_calls.push(call);
+            out.push(m);
+        }
+    }
 }
 
 /// A message's content: a string or text parts (`input_text`, `output_text`, `refusal`).
