@@ -2,6 +2,8 @@
 //! them, every refusal names its field, and no input panics.
 
 use super::*;
+use crate::chat::ToolChoice;
+use crate::runtime::ResponseFormat;
 use proptest::prelude::*;
 
 fn parse_ok(body: Value) -> ParsedMessages {
