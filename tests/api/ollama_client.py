@@ -76,6 +76,12 @@ except ollama.ResponseError as e:
 check("ps.loaded", any(m.model == f"{model}:latest" for m in client.ps().models), client.ps())
 u = client.generate(model=model, keep_alive=0)
 check("unload", u.done and u.done_reason == "unload" and not client.ps().models, (u, client.ps()))
+# The next answer loads it, and says how long that took apart from the prompt's reading.
+hi = [{"role": "user", "content": "Say hi."}]
+c1 = client.chat(model=model, messages=hi, options={"temperature": 0, "num_predict": 3})
+c2 = client.chat(model=model, messages=hi, options={"temperature": 0, "num_predict": 3})
+check("load_duration", c1.load_duration > 10_000_000 and c2.load_duration < c1.load_duration / 10
+      and c1.total_duration >= c1.load_duration + c1.prompt_eval_duration, (c1, c2))
 l = client.generate(model=model)
 check("load", l.done_reason == "load" and any(m.model == f"{model}:latest" for m in client.ps().models), client.ps())
 

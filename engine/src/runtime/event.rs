@@ -35,6 +35,8 @@ pub struct TurnEnd {
     pub usage: Usage,
     /// Arrival to the first token.
     pub ttft: Duration,
+    /// The part of `ttft` spent waiting for the model to be loaded (zero when it was).
+    pub load: Duration,
     /// The whole generation: its text, tokens, timings and draft statistics.
     pub generation: Generation,
 }

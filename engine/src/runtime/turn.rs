@@ -176,7 +176,9 @@ impl Arrival {
             ..Default::default()
         };
         // Pin the model (loading it if needed) before queueing for the gate.
+        let leasing = Instant::now();
         let lease = engine.lease_model(&info.id).await?;
+        let load = leasing.elapsed();
         engine.set_keep_alive(&info.id, turn.keep_alive);
         let draft = match turn.draft {
             DraftChoice::ModelDefault => {
@@ -223,6 +225,7 @@ impl Arrival {
             splitter: Split::new(think, calls),
             held: (permit, lease, user),
             arrived: at,
+            load,
             cancel,
             on_end: Box::new(on_end),
         };
@@ -313,6 +316,8 @@ struct Running {
     splitter: Option<Split>,
     held: (GatePermit, Lease, UserRequest),
     arrived: Instant,
+    /// How long pinning the model took (its load, when it was not resident).
+    load: Duration,
     cancel: Arc<AtomicBool>,
     on_end: OnEnd,
 }
@@ -328,6 +333,7 @@ impl Running {
             splitter,
             held,
             arrived,
+            load,
             cancel,
             on_end,
         } = self;
@@ -374,6 +380,7 @@ impl Running {
                     cached_tokens: g.cached_tokens,
                 },
                 ttft: ttft.unwrap_or_default(),
+                load,
                 generation: g,
             })),
             Err(e) => TurnEvent::Failed(e),

@@ -61,12 +61,14 @@ fn piece(endpoint: Endpoint, text: &str, thinking: &str, calls: &[ToolCall]) -> 
 /// The last object's fields: why it stopped and Ollama's counts and durations (nanoseconds).
 fn done_fields(end: &TurnEnd) -> Value {
     let g = &end.generation;
-    let prefill = end.ttft.as_nanos() as u64;
+    let load = end.load.as_nanos() as u64;
+    // From arrival to the first token, less the load: waiting for the gate and prefill.
+    let prefill = (end.ttft.saturating_sub(end.load)).as_nanos() as u64;
     let eval = g.decode_time.as_nanos() as u64;
     json!({
         "done_reason": if end.finish_reason == FinishReason::Length { "length" } else { "stop" },
-        "total_duration": prefill + eval,
-        "load_duration": 0,
+        "total_duration": load + prefill + eval,
+        "load_duration": load,
         "prompt_eval_count": end.usage.prompt_tokens - end.usage.cached_tokens,
         "prompt_eval_duration": prefill,
         "eval_count": end.usage.completion_tokens,
