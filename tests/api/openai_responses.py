@@ -134,6 +134,19 @@ try:
 except openai.NotFoundError as e:
     check("error.model", e.body["code"] == "model_not_found", e.body)
 
+# keep_alive 0 (Ollama's semantics, accepted on every protocol) unloads the model when done.
+import time
+
+def loaded():
+    return [m for m in client.models.list().data if m.id == model][0].model_extra.get("loaded")
+
+check("keep_alive.loaded", loaded() is True, client.models.list())
+client.responses.create(model=model, input="Hi", max_output_tokens=2, extra_body={"keep_alive": 0})
+deadline = time.time() + 10
+while loaded() and time.time() < deadline:
+    time.sleep(0.1)
+check("keep_alive.unload", loaded() is False, client.models.list())
+
 deleted = client.responses.delete(first.id)
 try:
     client.responses.retrieve(first.id)
