@@ -141,6 +141,10 @@ async fn refusals_name_the_field() {
         (json!({"tool_choice": "required"}), "tool_choice"),
         (json!({"temperature": 3}), "temperature"),
         (json!({"frobnicate": 1}), "frobnicate"),
+        (
+            json!({"stream": true, "stream_options": {"include_usage": true}}),
+            "stream_options.include_usage",
+        ),
     ] {
         let (code, e) = post(&s, "/v1/responses", ask(extra.clone())).await;
         assert_eq!(code, 400, "{extra}: {e}");

@@ -7,6 +7,7 @@ use axum::http::StatusCode;
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
+use crate::runtime::KeepAlive;
 
 /// The body as a JSON object, or a 400: `invalid_json` for what does not parse,
 /// `invalid_type` for JSON that is not an object.
@@ -89,6 +90,13 @@ impl Body<'_> {
             _ => Err(ApiError::invalid("model", format!("`model` is required ({hint})"))
                 .code("missing_required_parameter")),
         }
+    }
+
+    /// `keep_alive` (Ollama's semantics, on every protocol): seconds or a duration.
+    pub fn keep_alive(&self) -> Result<Option<KeepAlive>, ApiError> {
+        self.get("keep_alive")
+            .map(|v| KeepAlive::from_request(v).map_err(|e| ApiError::invalid("keep_alive", e)))
+            .transpose()
     }
 
     pub fn boolean(&self, key: &str) -> Result<Option<bool>, ApiError> {

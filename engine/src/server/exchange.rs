@@ -3,13 +3,15 @@
 //! for shutdown, and its end counted in the metrics and the request log. A protocol adapter
 //! brings a parse function and renders the turn's events.
 
+use std::future::Future;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::Response;
 
 use super::error::ApiError;
 use super::request_log::RequestRecord;
@@ -37,6 +39,11 @@ pub(super) struct Parsed<P> {
     pub wire: P,
 }
 
+/// Set when a turn decodes without the drafts its model would use, with the reason.
+pub const DRAFTS_HEADER: &str = "x-perch-drafts";
+/// Response header: the prompt's length in tokens (known before the first token is).
+pub const PROMPT_TOKENS_HEADER: &str = "x-perch-prompt-tokens";
+
 /// A started turn and the protocol's own options for rendering it.
 pub(super) struct Exchange<P> {
     pub id: String,
@@ -45,6 +52,27 @@ pub(super) struct Exchange<P> {
     pub wire: P,
     /// While the exchange lives, shutdown can cancel its turn.
     _in_flight: InFlight,
+}
+
+impl<P> Exchange<P> {
+    /// The answer, streamed (`sse`) or whole (`collect`), with Perch's headers on every
+    /// protocol: the prompt's length (the chat window says "Reading N tokens…" from it while
+    /// a long prompt prefills) and, when the turn decodes without its model's drafts, why
+    /// (docs/api-fields.md).
+    pub(super) async fn answer<F: Future<Output = Response>>(
+        self,
+        sse: impl FnOnce(Self) -> Response,
+        collect: impl FnOnce(Self) -> F,
+    ) -> Response {
+        let drafts_off = self.handle.drafts_off.clone();
+        let prompt_tokens = self.handle.prompt_tokens;
+        let mut r = if self.stream { sse(self) } else { collect(self).await };
+        r.headers_mut().insert(PROMPT_TOKENS_HEADER, prompt_tokens.into());
+        if let Some(v) = drafts_off.and_then(|w| HeaderValue::from_str(&w).ok()) {
+            r.headers_mut().insert(DRAFTS_HEADER, v);
+        }
+        r
+    }
 }
 
 pub(super) fn unix_now() -> f64 {

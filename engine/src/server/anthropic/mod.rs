@@ -18,7 +18,6 @@ use serde_json::json;
 
 use super::error::{ApiError, Dialect};
 use super::exchange::{self, Parsed, Route};
-use super::openai::PROMPT_TOKENS_HEADER;
 use super::App;
 use crate::sync::LockExt;
 use request::Endpoint;
@@ -45,14 +44,8 @@ pub async fn messages(
     };
     match exchange::start(&app, &MESSAGES, body, parse).await {
         Ok(x) => {
-            let prompt_tokens = x.handle.prompt_tokens;
-            let mut r = if x.stream {
-                render::sse(x, app.config.sse_keep_alive).into_response()
-            } else {
-                render::collect(x).await
-            };
-            r.headers_mut().insert(PROMPT_TOKENS_HEADER, prompt_tokens.into());
-            r
+            let keep_alive = app.config.sse_keep_alive;
+            x.answer(|x| render::sse(x, keep_alive).into_response(), render::collect).await
         }
         Err(e) => e.into_response_as(Dialect::Anthropic),
     }

@@ -7,7 +7,7 @@ use serde_json::{json, Map, Value};
 use crate::chat::ChatMessage;
 use crate::config::SamplingDefaults;
 use crate::decode::sampler::SamplingParams;
-use crate::runtime::{KeepAlive, ModelRef, Prompt, Turn};
+use crate::runtime::{ModelRef, Prompt, Turn};
 use crate::server::body::{self, kind, Body};
 use crate::server::error::ApiError;
 
@@ -196,10 +196,7 @@ pub fn parse(
     if let Some(e) = effort {
         template_kwargs.insert("reasoning_effort".into(), Value::from(e));
     }
-    let keep_alive = match get("keep_alive") {
-        None => None,
-        Some(v) => Some(KeepAlive::from_request(v).map_err(|e| bad("keep_alive", e))?),
-    };
+    let keep_alive = Body(b).keep_alive()?;
     Ok(ParsedMessages {
         turn: Turn {
             max_tokens,

@@ -151,8 +151,7 @@ async fn run(app: Arc<App>, endpoint: Endpoint, body: Result<Bytes, BytesRejecti
         Ok(Parsed { stream: r.stream, turn, wire: endpoint })
     };
     match exchange::start(&app, route, body, parse).await {
-        Ok(x) if x.stream => render::ndjson(x),
-        Ok(x) => render::collect(x).await,
+        Ok(x) => x.answer(render::ndjson, render::collect).await,
         Err(e) => err(e),
     }
 }

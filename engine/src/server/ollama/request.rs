@@ -86,10 +86,7 @@ pub fn parse(
         .unwrap_or(name)
         .parse()
         .map_err(|e: crate::runtime::ModelRefError| bad("model", e.to_string()))?;
-    let keep_alive = match b.get("keep_alive") {
-        None => None,
-        Some(v) => Some(KeepAlive::from_request(v).map_err(|e| bad("keep_alive", e))?),
-    };
+    let keep_alive = b.keep_alive()?;
     let stream = b.boolean("stream")?.unwrap_or(true);
     for refused in ["images", "suffix", "template", "context"] {
         if b.get(refused).is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty())) {

@@ -69,10 +69,7 @@ pub async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Respo
 const CHAT: Route = Route { name: "chat", id_prefix: "chatcmpl", prompt_param: "messages" };
 const COMPLETIONS: Route = Route { name: "completions", id_prefix: "cmpl", prompt_param: "prompt" };
 
-/// Set when a turn decodes without the drafts its model would use, with the reason.
-pub const DRAFTS_HEADER: &str = "x-perch-drafts";
-/// Response header: the prompt's length in tokens (known before the first token is).
-pub const PROMPT_TOKENS_HEADER: &str = "x-perch-prompt-tokens";
+pub use super::exchange::{DRAFTS_HEADER, PROMPT_TOKENS_HEADER};
 
 /// What rendering needs besides the turn's events.
 pub(super) struct Wire {
@@ -112,20 +109,8 @@ async fn complete(
     };
     match exchange::start(&app, route, body, parse).await {
         Ok(x) => {
-            // A turn that cannot use its model's drafts says so (docs/api-fields.md).
-            let drafts_off = x.handle.drafts_off.clone();
-            let prompt_tokens = x.handle.prompt_tokens;
-            let mut r = if x.stream {
-                render::sse(x, app.config.sse_keep_alive).into_response()
-            } else {
-                render::collect(x).await
-            };
-            // The chat window says "Reading N tokens…" from this while a long prompt prefills.
-            r.headers_mut().insert(PROMPT_TOKENS_HEADER, prompt_tokens.into());
-            if let Some(v) = drafts_off.and_then(|w| axum::http::HeaderValue::from_str(&w).ok()) {
-                r.headers_mut().insert(DRAFTS_HEADER, v);
-            }
-            r
+            let keep_alive = app.config.sse_keep_alive;
+            x.answer(|x| render::sse(x, keep_alive).into_response(), render::collect).await
         }
         Err(e) => e.into_response(),
     }

@@ -213,13 +213,7 @@ pub fn parse_with(
             ))
         }
     }
-    let keep_alive = match b.get("keep_alive") {
-        None => None,
-        Some(v) => Some(
-            crate::runtime::KeepAlive::from_request(v)
-                .map_err(|e| ApiError::invalid("keep_alive", e))?,
-        ),
-    };
+    let keep_alive = b.keep_alive()?;
     Ok(ParsedRequest {
         turn: Turn {
             max_tokens,

@@ -17,7 +17,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use super::PROMPT_TOKENS_HEADER;
 use crate::server::error::ApiError;
 use crate::server::exchange::{self, Parsed, Route};
 use crate::server::App;
@@ -39,14 +38,8 @@ pub async fn create(State(app): State<Arc<App>>, body: Result<Bytes, BytesReject
     };
     match exchange::start(&app, &RESPONSES, body, parse).await {
         Ok(x) => {
-            let prompt_tokens = x.handle.prompt_tokens;
-            let mut r = if x.stream {
-                render::sse(x, app.config.sse_keep_alive).into_response()
-            } else {
-                render::collect(x).await
-            };
-            r.headers_mut().insert(PROMPT_TOKENS_HEADER, prompt_tokens.into());
-            r
+            let keep_alive = app.config.sse_keep_alive;
+            x.answer(|x| render::sse(x, keep_alive).into_response(), render::collect).await
         }
         Err(e) => e.into_response(),
     }

@@ -8,7 +8,7 @@ use super::store::Store;
 use crate::chat::{ChatMessage, ToolChoice};
 use crate::config::SamplingDefaults;
 use crate::decode::sampler::SamplingParams;
-use crate::runtime::{KeepAlive, ModelRef, Prompt, ResponseFormat, Turn};
+use crate::runtime::{ModelRef, Prompt, ResponseFormat, Turn};
 use crate::server::body::{self, wrong_type, Body};
 use crate::server::error::ApiError;
 use crate::server::openai::request::{json_schema_fields, MAX_TOP_LOGPROBS};
@@ -139,8 +139,17 @@ pub fn parse(
         if !stream {
             return Err(bad("stream_options", "`stream_options` needs `stream: true`"));
         }
-        if !v.is_object() {
-            return Err(wrong_type("stream_options", "an object", v));
+        let Value::Object(o) = v else { return Err(wrong_type("stream_options", "an object", v)) };
+        // Obfuscation pads events against a network observer; loopback has none.
+        if let Some((k, _)) =
+            o.iter().find(|(k, x)| *k != "include_obfuscation" || !(x.is_boolean() || x.is_null()))
+        {
+            return Err(bad(
+                &format!("stream_options.{k}"),
+                format!(
+                    "`stream_options.{k}` is not supported (include_obfuscation, a boolean, is)"
+                ),
+            ));
         }
     }
 
@@ -229,10 +238,7 @@ pub fn parse(
         }
         Some(v) => return Err(wrong_type("reasoning", "an object", v)),
     };
-    let keep_alive = match b.get("keep_alive") {
-        None => None,
-        Some(v) => Some(KeepAlive::from_request(v).map_err(|e| bad("keep_alive", e))?),
-    };
+    let keep_alive = b.keep_alive()?;
 
     let mut echo = Map::new();
     echo.insert("instructions".into(), instructions.map_or(Value::Null, Value::from));
