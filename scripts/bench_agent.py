@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 from render_templates import environment  # noqa: E402
 
-PASSAGE = (ROOT / "engine/src/bench_passage.txt").read_text().split()
+PASSAGE = (ROOT / "engine/src/runtime/passage.txt").read_text().split()
 MODEL_ID = "qwen2.5-coder-0.5b-instruct"
 TURNS = 12
 

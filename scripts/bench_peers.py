@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PASSAGE = (ROOT / "engine/src/bench_passage.txt").read_text()
+PASSAGE = (ROOT / "engine/src/runtime/passage.txt").read_text()
 
 # One mlx-lm measurement, mirroring `perch bench`: one untimed warm-up generation, then
 # TTFT/prefill at 128 and 1024 prompt tokens and decode speed over N tokens, EOS ignored.

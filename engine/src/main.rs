@@ -178,8 +178,10 @@ enum Command {
         /// otherwise).
         #[arg(long)]
         prompt: Option<String>,
-        /// A runtime scenario instead: `first-request` (TTFT of a request 0.5 s after start
-        /// with the warmup ladder on vs off; decode rate after the ladder vs cold).
+        /// A scenario instead: `first-request` (TTFT of a request 0.5 s after start with the
+        /// warmup ladder on vs off; decode rate after the ladder vs cold), `constrained`
+        /// (decode under a JSON schema vs without, and the grammar's mask cost per token;
+        /// --decode-tokens bounds the answer, at least 256).
         #[arg(long)]
         scenario: Option<String>,
     },
@@ -480,10 +482,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
         }
         Command::Bench { model, runs, decode_tokens, json, draft, prompt, scenario } => {
+            if scenario.as_deref() == Some("constrained") {
+                let model = load(model, &dir)?;
+                let r = bench::constrained::run(&model, runs, decode_tokens.max(256))?;
+                if !json {
+                    print!("{}", r.table());
+                }
+                println!("{}", serde_json::to_string(&r)?);
+                return Ok(());
+            }
             if let Some(scenario) = scenario {
                 anyhow::ensure!(
                     scenario == "first-request",
-                    "unknown scenario `{scenario}` (first-request)"
+                    "unknown scenario `{scenario}` (first-request, constrained)"
                 );
                 let spec = model.unwrap_or_else(|| DEFAULT_MODEL_ID.to_string());
                 let config = perch_engine::runtime::EngineConfig {

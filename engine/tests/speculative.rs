@@ -114,7 +114,7 @@ fn greedy_with_prompt_lookup_is_plain_greedy_on_the_default_model() {
     let Some(gguf) = gemma_gguf() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let model = import_gemma(&gguf, tmp.path(), perch_engine::gguf::import::StoreDtype::F32);
-    let code_edit = include_str!("../src/bench_code_edit.txt");
+    let code_edit = include_str!("../src/bench/code_edit.txt");
     // Rejections (a story) and long accepted runs (code copied with a change) past the
     // 512-token sliding window, so the ring buffers roll back drafts after wrapping.
     let long =

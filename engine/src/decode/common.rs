@@ -32,9 +32,7 @@ pub struct GenerateParams {
     pub draft: DraftMode,
     /// Report each token's log-probability and this many most likely alternatives.
     pub logprobs: Option<usize>,
-    /// Constrain the output to one JSON object (ends when the object is complete).
-    pub json_mode: bool,
-    /// Constrain the output to a grammar (ends when it is complete); wins over `json_mode`.
+    /// Constrain the output to a grammar (ends when it is complete).
     pub constraint: Option<super::constraint::Constraint>,
     /// A LoRA adapter to apply (the engine loads it on the MLX thread).
     pub adapter: Option<AdapterRef>,
@@ -57,7 +55,6 @@ impl Default for GenerateParams {
             ignore_eos: false,
             draft: DraftMode::None,
             logprobs: None,
-            json_mode: false,
             constraint: None,
             adapter: None,
         }

@@ -81,7 +81,7 @@ pub fn generate(
 
 /// `generate`, with each piece's tokens' logprobs (when asked for) passed along.
 ///
-/// Dispatch: logprobs, JSON mode and grammars need the host to see every step (`guided`); otherwise
+/// Dispatch: logprobs and grammars need the host to see every step (`guided`); otherwise
 /// speculative decoding when a draft source is set, else plain pipelined decoding.
 pub fn generate_streaming(
     model: &LoadedModel,
@@ -105,7 +105,7 @@ pub fn generate_from(
     mut on_piece: impl FnMut(&str, &[TokenLogprob]),
 ) -> Result<(Generation, Option<KvState>)> {
     let req = Request { model, prompt, params, cancel };
-    let ended = if params.logprobs.is_some() || params.json_mode || params.constraint.is_some() {
+    let ended = if params.logprobs.is_some() || params.constraint.is_some() {
         super::guided::generate(req, from, &mut on_piece)?
     } else {
         match params.draft {

@@ -1,16 +1,15 @@
-//! Decoding where the host looks at every step: per-token logprobs; JSON mode, which only
-//! lets through tokens that keep the output a valid start of one JSON object; and grammars
-//! (`constraint`: tool calls, JSON schemas). Both end the generation when complete. No pipelining here: each step's choice needs
-//! the host.
+//! Decoding where the host looks at every step: per-token logprobs, and grammars
+//! (`constraint`: forced tool calls, `json_object`, JSON schemas), which end the generation
+//! when complete. Each step's choice needs the host, so steps are not queued ahead; the
+//! grammar's mask is computed while the model's forward pass runs.
 
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::transforms::eval;
+use mlx_rs::transforms::{async_eval, eval};
 
 use super::common::{
     begin, cancelled_early, host_u32, prefill, token_array, Begin, Ended, Output, Request,
     TokenLogprob, TopLogprob,
 };
-use super::json_prefix::JsonPrefix;
 use crate::error::{EngineError, Result};
 use crate::model::kv_cache::KvState;
 use crate::model::LoadedModel;
@@ -31,9 +30,6 @@ pub(crate) fn generate(
         return Ok(Ended::new(cancelled_early(prompt.len(), start), caches, None, reused));
     }
     let mut grammar = params.constraint.clone();
-    let json_mode = params.json_mode && grammar.is_none();
-    let mut json = json_mode.then(JsonPrefix::new);
-    let texts = if json_mode { Some(model.token_texts()?) } else { None };
     let mut rng = HostRng::new(
         params
             .sampling
@@ -47,8 +43,10 @@ pub(crate) fn generate(
             .forward(&token_array(&[input]), &mut caches)?
             .index((.., -1, ..))
             .as_dtype(mlx_rs::Dtype::Float32)?;
-        let id = match (&mut grammar, &json, &texts) {
-            (Some(g), _, _) => {
+        let id = match &mut grammar {
+            Some(g) => {
+                // The mask is host work: start the forward pass first so the two overlap.
+                async_eval([&logits])?;
                 let allowed = g.allowed().map_err(grammar_failed)?;
                 let scores = sampler.penalised(&logits, None)?;
                 let scores =
@@ -75,23 +73,7 @@ pub(crate) fn generate(
                 sampler.observe_ids(&[id])?;
                 id
             }
-            (None, Some(j), Some(texts)) => {
-                let scores = sampler.penalised(&logits, None)?;
-                let scores =
-                    if sampler.is_greedy() { scores } else { sampler.filtered(&scores)? };
-                scores.eval()?;
-                let id = choose_json(
-                    scores.as_slice::<f32>(),
-                    j,
-                    texts,
-                    model,
-                    sampler.is_greedy(),
-                    &mut rng,
-                )?;
-                sampler.observe_ids(&[id])?;
-                id
-            }
-            _ => {
+            None => {
                 let y = sampler.sample(&logits)?;
                 eval([&y, &logits])?;
                 host_u32(&y)?
@@ -101,16 +83,11 @@ pub(crate) fn generate(
             Some(n) => Some(token_logprob(model, logits.as_slice::<f32>(), id, n)?),
             None => None,
         };
-        if let Some(j) = &mut json {
-            j.push_str(&texts.as_ref().unwrap()[id as usize]);
-        }
         let going = out.push_with(id, lp)?;
         if !going {
             break;
         }
-        if json.as_ref().is_some_and(|j| j.complete())
-            || grammar.as_ref().is_some_and(|g| g.is_done())
-        {
+        if grammar.as_ref().is_some_and(|g| g.is_done()) {
             out.stop();
             break;
         }
@@ -141,35 +118,6 @@ fn token_logprob(model: &LoadedModel, logits: &[f32], id: u32, top: usize) -> Re
             .take(top)
             .map(|t| Ok(TopLogprob { token: t, text: text(t)?, logprob: logits[t as usize] - lse }))
             .collect::<Result<_>>()?,
-    })
-}
-
-/// The best (greedy) or a sampled token among those the JSON checker allows next. `scores`
-/// are the logits plain sampling would draw from (-inf where filtered out).
-fn choose_json(
-    scores: &[f32],
-    json: &JsonPrefix,
-    texts: &[String],
-    model: &LoadedModel,
-    greedy: bool,
-    rng: &mut HostRng,
-) -> Result<u32> {
-    let allowed = |id: u32| {
-        let t = &texts[id as usize];
-        if t.is_empty() || model.tokenizer.is_eos(id) {
-            return false;
-        }
-        let mut j = json.clone();
-        j.push_str(t)
-    };
-    if let Some(id) = choose(scores, allowed, greedy, rng) {
-        return Ok(id);
-    }
-    // The filters left nothing the checker allows: fall back to the whole vocabulary.
-    (0..scores.len() as u32).find(|&i| allowed(i)).ok_or_else(|| {
-        EngineError::InvalidRequest(
-            "JSON mode: no token of this vocabulary can continue the JSON".into(),
-        )
     })
 }
 
@@ -222,7 +170,7 @@ fn grammar_failed(e: String) -> EngineError {
     EngineError::Internal(format!("constrained decoding failed: {e}"))
 }
 
-/// splitmix64: the host-side random stream for JSON mode's restricted sampling.
+/// splitmix64: the host-side random stream for sampling restricted to a grammar's tokens.
 struct HostRng(u64);
 
 impl HostRng {

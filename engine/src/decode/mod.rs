@@ -1,6 +1,6 @@
 //! Decoding: from a prompt's token ids to generated tokens. `common` holds what the loops
 //! share; `generate` dispatches to plain pipelined decoding, `guided` (per-step host work:
-//! logprobs, JSON mode) or `speculative` (drafts verified in one pass); `sampler` and `stop`
+//! logprobs, grammars) or `speculative` (drafts verified in one pass); `sampler` and `stop`
 //! (stop strings) are theirs.
 //! The KV cache is the model's state and lives in `model::kv_cache`.
 
@@ -8,7 +8,6 @@ pub mod common;
 pub mod constraint;
 pub mod generate;
 pub mod guided;
-pub mod json_prefix;
 pub mod sampler;
 pub mod speculative;
 pub mod stop;

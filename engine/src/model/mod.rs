@@ -190,8 +190,6 @@ pub struct LoadedModel {
     pub vocab_size: usize,
     pub context_length: usize,
     pub compute_dtype: Dtype,
-    /// Each token's text on its own (JSON mode checks candidates against it); built on first use.
-    token_texts: std::sync::OnceLock<Vec<String>>,
     /// The LoRA adapter the current generation applies (set per request by its task on the
     /// MLX thread, `None` for the base model).
     pub adapter: Option<Lora>,
@@ -206,16 +204,6 @@ impl LoadedModel {
     /// `net.hidden` with the current adapter.
     pub fn hidden(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
         self.net.hidden_with(tokens, caches, self.adapter.as_ref())
-    }
-
-    pub fn token_texts(&self) -> Result<&[String]> {
-        if let Some(t) = self.token_texts.get() {
-            return Ok(t);
-        }
-        let texts = (0..self.vocab_size as u32)
-            .map(|id| self.tokenizer.decode(&[id]).unwrap_or_default())
-            .collect();
-        Ok(self.token_texts.get_or_init(|| texts))
     }
 }
 
@@ -295,7 +283,6 @@ pub fn load_model_as(dir: &Path, dtype: ComputeDtype) -> Result<LoadedModel> {
         net,
         mtp,
         tokenizer,
-        token_texts: std::sync::OnceLock::new(),
         adapter: None,
     })
 }

@@ -61,7 +61,12 @@ pub(crate) fn prepare(info: &ModelInfo, asked: Asked) -> Result<Prepared> {
                 msg: format!("`response_format.json_schema.schema`: {e}"),
             })?)
         }
-        _ => None,
+        // Any one JSON object: the same grammar engine, with the schema that says only that.
+        ResponseFormat::JsonObject => Some(
+            grammar(info, &serde_json::json!({"type": "object"}))
+                .map_err(|e| EngineError::BadField { field: "response_format", msg: e })?,
+        ),
+        ResponseFormat::Text => None,
     };
     let mut ids = match prompt {
         Prompt::Messages(m) => {
@@ -84,7 +89,7 @@ pub(crate) fn prepare(info: &ModelInfo, asked: Asked) -> Result<Prepared> {
                     if constraint.is_some() {
                         return Err(EngineError::BadField {
                             field: "response_format",
-                            msg: "`response_format` `json_schema` cannot be combined with a `tool_choice` that forces a call".into(),
+                            msg: "`response_format` `json_object` or `json_schema` cannot be combined with a `tool_choice` that forces a call".into(),
                         });
                     }
                     let schema = call_schema(&tools, only);

@@ -170,7 +170,6 @@ impl Arrival {
             stop,
             ignore_eos: turn.ignore_eos,
             logprobs: turn.logprobs,
-            json_mode: turn.response_format == ResponseFormat::JsonObject,
             constraint,
             adapter: info.adapter.clone(),
             ..Default::default()
@@ -187,11 +186,10 @@ impl Arrival {
             DraftChoice::Off => DraftMode::None,
             DraftChoice::Use(d) => d,
         };
-        // Logprobs, JSON mode and grammars decode one token at a time on the host: drafts
+        // Logprobs and grammars (json_object too) decode one token at a time on the host: drafts
         // are not used, and the response and the request log say so.
         let guided = [
             (params.constraint.is_some(), "the answer is decoded under a grammar"),
-            (params.json_mode, "json_object"),
             (params.logprobs.is_some(), "logprobs"),
         ]
         .into_iter()

@@ -15,7 +15,7 @@ use crate::model::LoadedModel;
 
 /// A fixed English passage, tokenized and repeated to the lengths warmups and benchmarks need,
 /// so runs and peers (scripts/bench-vs-mlx-lm reads the same file) see the same token ids.
-pub const PASSAGE: &str = include_str!("../bench_passage.txt");
+pub const PASSAGE: &str = include_str!("passage.txt");
 
 pub fn prompt_of_length(model: &LoadedModel, n: usize) -> Result<Vec<u32>> {
     let unit = model.tokenizer.encode(PASSAGE, false)?;

@@ -1,6 +1,8 @@
 //! `perch bench`: prefill and decode speed, time to first token and peak memory, measured
 //! through the same `generate` path users hit.
 
+pub mod constrained;
+
 use serde::Serialize;
 
 use crate::decode::{generate, DraftMode, DraftStats, GenerateParams};
@@ -60,7 +62,7 @@ pub fn run(model: &LoadedModel, runs: usize, decode_tokens: usize) -> Result<Ben
 
 /// A code-editing prompt: code, then the start of the same code with a small change, the
 /// kind of request prompt lookup speeds up.
-pub const CODE_EDIT: &str = include_str!("bench_code_edit.txt");
+pub const CODE_EDIT: &str = include_str!("code_edit.txt");
 
 /// Decoding with drafts against plain decoding, alternating in the same run.
 #[derive(Debug, Clone, Serialize)]
@@ -262,7 +264,7 @@ async fn first_three_decode_rate(
     Ok(sum / 3.0)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
