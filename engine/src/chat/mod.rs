@@ -8,4 +8,6 @@ pub mod tools;
 
 pub use reasoning::{Part, ThinkSplitter};
 pub use template::{ChatMessage, ChatOptions, ChatTemplate};
-pub use tools::{call_schema, CallSplitter, Piece, Tool, ToolCall, ToolChoice, ToolFormat};
+pub use tools::{
+    call_schema, CallSplitter, Forced, ForcedGrammar, Piece, Tool, ToolCall, ToolChoice, ToolFormat,
+};

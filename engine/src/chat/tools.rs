@@ -6,6 +6,8 @@
 
 use serde_json::Value;
 
+pub use forced::{call_schema, dumps_layout, Forced, ForcedGrammar};
+
 /// A function the client offers (OpenAI's `tools[].function`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tool {
@@ -43,12 +45,17 @@ pub enum ToolFormat {
     /// the same tags, `<function=name><parameter=p>v</parameter></function>` (Qwen3-Coder,
     /// Qwen 3.5).
     TaggedCall,
-    /// `[TOOL_CALLS][{"name": …, "arguments": …}, …]` to the end (Mistral).
+    /// `[TOOL_CALLS][{"name": …, "arguments": …}, …]` to the end (Mistral v3, Nemo).
     Mistral,
+    /// `[TOOL_CALLS]name[ARGS]{…}`, repeated (Mistral Small 3.2, Devstral, Ministral 3).
+    MistralArgs,
     /// `<|python_tag|>{"name": …, "parameters": …}` to the end (Llama 3.x).
     PythonTag,
-    /// `<｜tool▁calls▁begin｜>…<｜tool▁calls▁end｜>` (DeepSeek V3/R1).
+    /// `<｜tool▁calls▁begin｜>` with `function<｜tool▁sep｜>name` and a ```json block per
+    /// call, to `<｜tool▁calls▁end｜>` (DeepSeek V3, R1 and its distills).
     DeepSeek,
+    /// The same markers around `name<｜tool▁sep｜>{…}` (DeepSeek V3.1).
+    DeepSeekV31,
     /// No markup known: an answer that is one JSON object `{"name", "arguments"}` naming an
     /// offered tool is a call.
     Generic,
@@ -59,12 +66,16 @@ impl ToolFormat {
     pub fn of_template(source: &str) -> ToolFormat {
         if source.contains("<tool_call>") {
             ToolFormat::TaggedCall
+        } else if source.contains("[TOOL_CALLS]") && source.contains("[ARGS]") {
+            ToolFormat::MistralArgs
         } else if source.contains("[TOOL_CALLS]") {
             ToolFormat::Mistral
         } else if source.contains("<|python_tag|>") {
             ToolFormat::PythonTag
-        } else if source.contains("tool▁calls▁begin") {
+        } else if source.contains("tool▁calls▁begin") && source.contains("```json") {
             ToolFormat::DeepSeek
+        } else if source.contains("tool▁calls▁begin") {
+            ToolFormat::DeepSeekV31
         } else {
             ToolFormat::Generic
         }
@@ -75,20 +86,12 @@ impl ToolFormat {
     fn markers(self) -> Option<(&'static str, Option<&'static str>)> {
         match self {
             ToolFormat::TaggedCall => Some(("<tool_call>", Some("</tool_call>"))),
-            ToolFormat::Mistral => Some(("[TOOL_CALLS]", None)),
+            ToolFormat::Mistral | ToolFormat::MistralArgs => Some(("[TOOL_CALLS]", None)),
             ToolFormat::PythonTag => Some(("<|python_tag|>", None)),
-            ToolFormat::DeepSeek => Some(("<｜tool▁calls▁begin｜>", Some("<｜tool▁calls▁end｜>"))),
+            ToolFormat::DeepSeek | ToolFormat::DeepSeekV31 => {
+                Some(("<｜tool▁calls▁begin｜>", Some("<｜tool▁calls▁end｜>")))
+            }
             ToolFormat::Generic => None,
-        }
-    }
-
-    /// What the model's answer starts with when a call is forced (`tool_choice` `required`
-    /// or named): the markup that opens a call, after which the model writes the call object
-    /// that `call_schema` describes. `None` where Perch cannot force this format.
-    pub fn forced_prefix(self) -> Option<&'static str> {
-        match self {
-            ToolFormat::TaggedCall => Some("<tool_call>\n"),
-            _ => None,
         }
     }
 
@@ -98,32 +101,6 @@ impl ToolFormat {
             ToolFormat::TaggedCall => Some("</tool_call>"),
             _ => None,
         }
-    }
-}
-
-/// The JSON schema of one call object `{"name": …, "arguments": …}` to one of `tools` (or
-/// only to `only`), its arguments held to that tool's `parameters`: what a forced call is
-/// decoded against.
-pub fn call_schema(tools: &[Tool], only: Option<&str>) -> Value {
-    let each: Vec<Value> = tools
-        .iter()
-        .filter(|t| only.is_none_or(|n| n == t.name))
-        .map(|t| {
-            let params = match t.definition.pointer("/function/parameters") {
-                Some(p @ Value::Object(_)) => p.clone(),
-                _ => serde_json::json!({"type": "object"}),
-            };
-            serde_json::json!({
-                "type": "object",
-                "properties": {"name": {"const": t.name}, "arguments": params},
-                "required": ["name", "arguments"],
-                "additionalProperties": false
-            })
-        })
-        .collect();
-    match <[Value; 1]>::try_from(each) {
-        Ok([one]) => one,
-        Err(each) => serde_json::json!({"anyOf": each}),
     }
 }
 
@@ -182,6 +159,8 @@ pub struct CallSplitter {
     bare_hold: bool,
     tool_names: Vec<String>,
     stream: Stream,
+    /// Calls past this many are dropped (`parallel_tool_calls: false` allows one).
+    max_calls: usize,
 }
 
 impl CallSplitter {
@@ -205,12 +184,20 @@ impl CallSplitter {
             bare_hold: true,
             tool_names,
             stream: Stream::Undecided,
+            max_calls: usize::MAX,
         };
         if let Some(f) = forced {
             let out = s.push(f);
             debug_assert!(out.is_empty(), "a forced prefix opens a call");
         }
         s
+    }
+
+    /// At most one call is let out (`parallel_tool_calls: false`): formats without an end
+    /// marker per call cannot stop the answer after the first, so later ones are dropped.
+    pub fn one_call(mut self) -> Self {
+        self.max_calls = 1;
+        self
     }
 
     /// Feed generated text; returns what can be let out now.
@@ -233,6 +220,13 @@ impl CallSplitter {
         // Unique within a server's life and unlikely to repeat across restarts.
         let mix = self.id_seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ self.calls as u64;
         format!("call_{mix:016x}{:02}", self.calls)
+    }
+
+    fn emit(&mut self, out: &mut Vec<Piece>, name: String, arguments: String) {
+        if self.calls < self.max_calls {
+            let id = self.next_id();
+            out.push(Piece::Call(ToolCall { id, name, arguments }));
+        }
     }
 
     fn drain(&mut self, out: &mut Vec<Piece>, end: bool) {
@@ -334,8 +328,7 @@ impl CallSplitter {
         match parse_body(self.format, body) {
             Some(calls) if !calls.is_empty() => {
                 for (name, arguments) in calls {
-                    let id = self.next_id();
-                    out.push(Piece::Call(ToolCall { id, name, arguments }));
+                    self.emit(out, name, arguments);
                 }
             }
             _ => {
@@ -374,8 +367,7 @@ impl CallSplitter {
         }
         self.held.clear();
         for (name, arguments) in calls {
-            let id = self.next_id();
-            out.push(Piece::Call(ToolCall { id, name, arguments }));
+            self.emit(out, name, arguments);
         }
         true
     }
@@ -450,7 +442,9 @@ fn parse_body(format: ToolFormat, body: &str) -> Option<Vec<(String, String)>> {
         }
         // Several calls may be separated by `;`.
         ToolFormat::PythonTag => body.split(';').map(|c| parse_call_object(c.trim())).collect(),
-        ToolFormat::DeepSeek => parse_deepseek(body),
+        ToolFormat::MistralArgs if !body.starts_with('[') => parse_mistral_args(body),
+        ToolFormat::MistralArgs => parse_body(ToolFormat::Mistral, body),
+        ToolFormat::DeepSeek | ToolFormat::DeepSeekV31 => parse_deepseek(body),
     }
 }
 
@@ -477,13 +471,30 @@ fn parse_xml_call(body: &str) -> Option<(String, String)> {
     Some((name.trim().to_string(), Value::Object(args).to_string()))
 }
 
-/// `<｜tool▁call▁begin｜>function<｜tool▁sep｜>name\n```json\n{…}\n```<｜tool▁call▁end｜>`, repeated.
+/// `name[ARGS]{…}` (a `[CALL_ID]id` may follow the name), calls separated by `[TOOL_CALLS]`.
+fn parse_mistral_args(body: &str) -> Option<Vec<(String, String)>> {
+    body.split("[TOOL_CALLS]")
+        .filter(|part| !part.trim().is_empty())
+        .map(|part| {
+            let (head, json) = part.split_once("[ARGS]")?;
+            let name = head.split("[CALL_ID]").next()?.trim();
+            let args: Value = serde_json::from_str(json.trim()).ok()?;
+            (!name.is_empty() && args.is_object()).then(|| (name.to_string(), args.to_string()))
+        })
+        .collect()
+}
+
+/// `<｜tool▁call▁begin｜>function<｜tool▁sep｜>name\n```json\n{…}\n```<｜tool▁call▁end｜>` (V3,
+/// R1) or `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{…}<｜tool▁call▁end｜>` (V3.1), repeated.
 fn parse_deepseek(body: &str) -> Option<Vec<(String, String)>> {
     let mut calls = Vec::new();
     for part in body.split("<｜tool▁call▁begin｜>").skip(1) {
         let part = part.split("<｜tool▁call▁end｜>").next()?;
-        let (_, rest) = part.split_once("<｜tool▁sep｜>")?;
-        let (name, rest) = rest.split_once('\n')?;
+        let (head, rest) = part.split_once("<｜tool▁sep｜>")?;
+        let (name, rest) = match head.trim() {
+            "function" => rest.split_once('\n')?,
+            name => (name, rest),
+        };
         let json = rest.trim().trim_start_matches("```json").trim_end_matches("```").trim();
         let args: Value = serde_json::from_str(json).ok()?;
         if !args.is_object() {
@@ -495,5 +506,6 @@ fn parse_deepseek(body: &str) -> Option<Vec<(String, String)>> {
 }
 
 mod args;
+mod forced;
 #[cfg(test)]
 mod tests;

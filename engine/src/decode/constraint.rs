@@ -9,8 +9,9 @@ use std::sync::{Arc, OnceLock};
 use llguidance::api::{GrammarWithLexer, ParserLimits, TopLevelGrammar};
 use llguidance::toktrie::{ApproximateTokEnv, SimpleVob, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
-use serde_json::{json, Value};
+use serde_json::Value;
 
+use crate::chat::tools::dumps_layout;
 use crate::tokenizer::Tokenizer;
 
 /// Larger than any real vocabulary (the largest are ~260k tokens).
@@ -81,18 +82,31 @@ impl Grammars {
         vocab_size: usize,
         schema: &Value,
     ) -> Result<Constraint, GrammarError> {
-        let factory = self.factory(tok, vocab_size).map_err(GrammarError::Vocabulary)?;
         let mut schema = schema.clone();
-        if let Value::Object(o) = &mut schema {
-            o.insert(
-                "x-guidance".into(),
-                json!({"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": false}),
-            );
-        }
-        let grammar = TopLevelGrammar {
-            grammars: vec![GrammarWithLexer::from_json_schema(schema)],
-            max_tokens: None,
-        };
+        dumps_layout(&mut schema);
+        self.compile(tok, vocab_size, GrammarWithLexer::from_json_schema(schema))
+    }
+
+    /// A constraint that holds the output to a Lark grammar (llguidance's dialect, where
+    /// `%json {…}` embeds a JSON schema): forced tool calls in formats that are not one JSON
+    /// document.
+    pub fn lark(
+        &self,
+        tok: &Tokenizer,
+        vocab_size: usize,
+        grammar: &str,
+    ) -> Result<Constraint, GrammarError> {
+        self.compile(tok, vocab_size, GrammarWithLexer::from_lark(grammar.to_string()))
+    }
+
+    fn compile(
+        &self,
+        tok: &Tokenizer,
+        vocab_size: usize,
+        grammar: GrammarWithLexer,
+    ) -> Result<Constraint, GrammarError> {
+        let factory = self.factory(tok, vocab_size).map_err(GrammarError::Vocabulary)?;
+        let grammar = TopLevelGrammar { grammars: vec![grammar], max_tokens: None };
         let parser =
             factory.create_parser(grammar).map_err(|e| GrammarError::Schema(e.to_string()))?;
         let matcher = Matcher::new(Ok(parser));

@@ -5,7 +5,7 @@
 
 use super::engine::ModelInfo;
 use crate::chat::{
-    call_schema, CallSplitter, ChatMessage, ChatOptions, ThinkSplitter, Tool, ToolChoice,
+    CallSplitter, ChatMessage, ChatOptions, ForcedGrammar, ThinkSplitter, Tool, ToolChoice,
 };
 use crate::decode::constraint::{Constraint, GrammarError};
 use crate::decode::context_room;
@@ -39,6 +39,8 @@ pub(crate) struct Asked {
     pub choice: ToolChoice,
     pub kwargs: serde_json::Map<String, serde_json::Value>,
     pub format: ResponseFormat,
+    /// `parallel_tool_calls`: several calls may be made in one answer.
+    pub parallel: bool,
 }
 
 pub(crate) struct Prepared {
@@ -52,7 +54,7 @@ pub(crate) struct Prepared {
 
 pub(crate) fn prepare(info: &ModelInfo, asked: Asked) -> Result<Prepared> {
     let tok = &info.tokenizer;
-    let Asked { prompt, tools, choice, kwargs, format } = asked;
+    let Asked { prompt, tools, choice, kwargs, format, parallel } = asked;
     let (mut splitter, mut think) = (None, None);
     let mut constraint = match &format {
         ResponseFormat::JsonSchema(schema) => {
@@ -80,7 +82,7 @@ pub(crate) fn prepare(info: &ModelInfo, asked: Asked) -> Result<Prepared> {
             // against the schema of a call to an allowed tool with valid arguments.
             let forced = match &choice {
                 ToolChoice::Required | ToolChoice::Named(_) if offered => {
-                    let prefix = call_format.forced_prefix().ok_or_else(|| EngineError::BadField {
+                    let forced = call_format.forced(&tools, only, parallel).ok_or_else(|| EngineError::BadField {
                         field: "tool_choice",
                         msg: format!(
                             "`tool_choice` that forces a call is not supported for this model's tool-call format ({call_format:?}); use \"auto\""
@@ -92,13 +94,17 @@ pub(crate) fn prepare(info: &ModelInfo, asked: Asked) -> Result<Prepared> {
                             msg: "`response_format` `json_object` or `json_schema` cannot be combined with a `tool_choice` that forces a call".into(),
                         });
                     }
-                    let schema = call_schema(&tools, only);
-                    constraint =
-                        Some(grammar(info, &schema).map_err(|e| EngineError::BadField {
-                            field: "tools",
-                            msg: format!("a tool's `parameters` cannot be enforced: {e}"),
-                        })?);
-                    Some(prefix)
+                    let compiled = match &forced.grammar {
+                        ForcedGrammar::Schema(schema) => grammar(info, schema),
+                        ForcedGrammar::Lark(lark) => {
+                            check(info.grammars.lark(&info.tokenizer, info.vocab_size, lark))
+                        }
+                    };
+                    constraint = Some(compiled.map_err(|e| EngineError::BadField {
+                        field: "tools",
+                        msg: format!("a tool's `parameters` cannot be enforced: {e}"),
+                    })?);
+                    Some(forced.prefix)
                 }
                 _ => None,
             };
@@ -112,7 +118,9 @@ pub(crate) fn prepare(info: &ModelInfo, asked: Asked) -> Result<Prepared> {
             };
             if offered {
                 let names = tools.iter().map(|t| t.name.clone()).collect();
-                splitter = Some(CallSplitter::new(call_format, names, forced));
+                let opened = forced.filter(|p| !p.is_empty());
+                let s = CallSplitter::new(call_format, names, opened);
+                splitter = Some(if parallel { s } else { s.one_call() });
             }
             let (ids, rendered) = tok.encode_chat_rendered(&m, &options, forced.unwrap_or(""))?;
             think =
@@ -137,7 +145,11 @@ pub(crate) fn prepare(info: &ModelInfo, asked: Asked) -> Result<Prepared> {
 /// `schema` compiled for the model; a schema the engine cannot enforce is the caller's to
 /// name, a vocabulary it cannot read is the model's fault (500).
 fn grammar(info: &ModelInfo, schema: &serde_json::Value) -> Result<Constraint, String> {
-    match info.grammars.json_schema(&info.tokenizer, info.vocab_size, schema) {
+    check(info.grammars.json_schema(&info.tokenizer, info.vocab_size, schema))
+}
+
+fn check(compiled: Result<Constraint, GrammarError>) -> Result<Constraint, String> {
+    match compiled {
         Ok(c) => Ok(c),
         Err(GrammarError::Schema(e)) => Err(e),
         Err(GrammarError::Vocabulary(e)) => {

@@ -142,6 +142,7 @@ impl Arrival {
                 choice: turn.tool_choice,
                 kwargs: turn.template_kwargs,
                 format: turn.response_format.clone(),
+                parallel: turn.parallel_tool_calls,
             };
             let parallel = turn.parallel_tool_calls;
             let work = tokio::task::spawn_blocking(move || {
@@ -243,6 +244,7 @@ pub async fn count_prompt_tokens(engine: &Arc<Engine>, turn: Turn) -> Result<usi
         choice: turn.tool_choice,
         kwargs: turn.template_kwargs,
         format: turn.response_format,
+        parallel: turn.parallel_tool_calls,
     };
     let work = tokio::task::spawn_blocking(move || {
         let info = engine.resolve(&model)?;

@@ -153,6 +153,13 @@ fn mistral_python_tag_deepseek_and_generic() {
     let ds = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n{\"a\": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
     let (c, k) = all_splits(ToolFormat::DeepSeek, ds);
     assert_eq!((c.as_str(), k), ("", vec![("add".into(), r#"{"a":1}"#.into())]));
+    let v31 = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>add<｜tool▁sep｜>{\"a\": 1}<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+    let (c, k) = all_splits(ToolFormat::DeepSeekV31, v31);
+    assert_eq!((c.as_str(), k), ("", vec![("add".into(), r#"{"a":1}"#.into())]));
+    let args = r#"Sure.[TOOL_CALLS]add[ARGS]{"a": 1}[TOOL_CALLS]get_weather[CALL_ID]c1[ARGS]{"city": "Rome"}"#;
+    let (c, k) = all_splits(ToolFormat::MistralArgs, args);
+    assert_eq!(c, "Sure.");
+    assert_eq!(k[1], ("get_weather".into(), r#"{"city":"Rome"}"#.into()));
     let (c, k) = all_splits(ToolFormat::Generic, r#" {"name": "add", "arguments": {"a": 1}}"#);
     assert_eq!((c.as_str(), k.len()), ("", 1));
     // A JSON answer naming no offered tool is content.
@@ -162,7 +169,7 @@ fn mistral_python_tag_deepseek_and_generic() {
 
 #[test]
 fn a_forced_call_is_read_from_the_prefix_and_the_object() {
-    let forced = ToolFormat::TaggedCall.forced_prefix().unwrap();
+    let forced = ToolFormat::TaggedCall.forced(&[], None, true).unwrap().prefix;
     let mut s = CallSplitter::new(ToolFormat::TaggedCall, vec!["add".into()], Some(forced));
     let mut out = s.push(r#"{"name": "add", "arguments": {"a": 2}}"#);
     out.extend(s.finish());
@@ -186,6 +193,14 @@ fn the_call_schema_names_each_tool_and_its_parameters() {
     let any = call_schema(&tools, None);
     assert_eq!(any["anyOf"].as_array().map(Vec::len), Some(2));
     assert_eq!(any["anyOf"][1]["properties"]["arguments"], serde_json::json!({"type": "object"}));
+    // Llama's calls carry `parameters`; DeepSeek V3.1's separator cannot be forced.
+    let Some(Forced { prefix: "", grammar: ForcedGrammar::Schema(s) }) =
+        ToolFormat::PythonTag.forced(&tools, Some("add"), true)
+    else {
+        panic!("Llama 3.x: a bare object")
+    };
+    assert_eq!(s["properties"]["parameters"], p);
+    assert_eq!(ToolFormat::DeepSeekV31.forced(&tools, None, true), None);
 }
 
 #[test]
@@ -193,6 +208,29 @@ fn the_format_comes_from_the_template() {
     assert_eq!(ToolFormat::of_template("{{ '<tool_call>' }}"), ToolFormat::TaggedCall);
     assert_eq!(ToolFormat::of_template("[TOOL_CALLS] {{ x }}"), ToolFormat::Mistral);
     assert_eq!(ToolFormat::of_template("<|python_tag|>"), ToolFormat::PythonTag);
-    assert_eq!(ToolFormat::of_template("<｜tool▁calls▁begin｜>"), ToolFormat::DeepSeek);
+    assert_eq!(ToolFormat::of_template("[TOOL_CALLS]{{ name }}[ARGS]"), ToolFormat::MistralArgs);
+    assert_eq!(ToolFormat::of_template("<｜tool▁calls▁begin｜>```json"), ToolFormat::DeepSeek);
+    assert_eq!(ToolFormat::of_template("<｜tool▁calls▁begin｜>"), ToolFormat::DeepSeekV31);
     assert_eq!(ToolFormat::of_template("{{ messages }}"), ToolFormat::Generic);
+}
+
+#[test]
+fn without_parallel_calls_only_the_first_is_let_out() {
+    let text = r#"[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}}, {"name": "get_weather", "arguments": {"city": "Rome"}}]"#;
+    let names = vec!["get_weather".into(), "add".into()];
+    let mut s = CallSplitter::new(ToolFormat::Mistral, names, None).one_call();
+    let mut out = s.push(text);
+    out.extend(s.finish());
+    assert!(matches!(&out[..], [Piece::Call(c)] if c.name == "add"), "{out:?}");
+    // Forced, Mistral's list is held to one item.
+    let tools = [Tool {
+        name: "add".into(),
+        definition: serde_json::json!({"type": "function", "function": {"name": "add"}}),
+    }];
+    let Some(Forced { grammar: ForcedGrammar::Schema(list), .. }) =
+        ToolFormat::Mistral.forced(&tools, None, false)
+    else {
+        panic!()
+    };
+    assert_eq!(list["maxItems"], 1);
 }

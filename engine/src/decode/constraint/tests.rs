@@ -76,3 +76,102 @@ fn a_vocabulary_size_from_a_hostile_config_is_refused_not_allocated() {
         .unwrap_err();
     assert!(matches!(&e, GrammarError::Vocabulary(m) if m.contains("1099511627776")), "{e:?}");
 }
+
+/// Every format Perch can force: its grammar takes a call in the format's own markup and
+/// nothing else, and the splitter reads that text (after the prompt's opening) as the call.
+#[test]
+fn forced_calls_in_each_format_are_read_back_as_calls() {
+    use crate::chat::{CallSplitter, Forced, ForcedGrammar, Piece, Tool, ToolFormat};
+    let tok = tokenizer();
+    let g = Grammars::default();
+    let tool = |name: &str, params: Value| Tool {
+        name: name.into(),
+        definition: json!({"type": "function", "function": {"name": name, "parameters": params}}),
+    };
+    let tools = [
+        tool(
+            "get_weather",
+            json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": false}),
+        ),
+        tool(
+            "add",
+            json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"], "additionalProperties": false}),
+        ),
+    ];
+    let cases = [
+        (
+            ToolFormat::TaggedCall,
+            r#"{"name": "add", "arguments": {"a": 2, "b": 3}}"#,
+            r#"{"name": "sub", "arguments": {"a": 2, "b": 3}}"#,
+        ),
+        (
+            ToolFormat::Mistral,
+            r#"[{"name": "add", "arguments": {"a": 2, "b": 3}}]"#,
+            r#"[{"name": "add", "arguments": {"a": "2"}}]"#,
+        ),
+        (ToolFormat::MistralArgs, r#"add[ARGS]{"a": 2, "b": 3}"#, r#"sub[ARGS]{"a": 2, "b": 3}"#),
+        (
+            ToolFormat::PythonTag,
+            r#"{"name": "add", "parameters": {"a": 2, "b": 3}}"#,
+            r#"{"name": "add", "arguments": {"a": 2, "b": 3}}"#,
+        ),
+        (
+            ToolFormat::DeepSeek,
+            "add\n```json\n{\"a\": 2, \"b\": 3}\n```",
+            "add\n```json\n{\"a\": 2}\n```",
+        ),
+        (
+            ToolFormat::Generic,
+            r#"{"name": "add", "arguments": {"a": 2, "b": 3}}"#,
+            r#"{"name": "add", "arguments": {"b": 3, "a": 2}}"#,
+        ),
+    ];
+    for (format, good, bad) in cases {
+        let Forced { prefix, grammar } = format.forced(&tools, None, true).unwrap();
+        let compile = || match &grammar {
+            ForcedGrammar::Schema(s) => g.json_schema(&tok, 151_936, s).unwrap(),
+            ForcedGrammar::Lark(l) => g.lark(&tok, 151_936, l).unwrap(),
+        };
+        let mut c = compile();
+        assert_eq!(first_refused(&mut c, &tok, good), None, "{format:?}: {good}");
+        assert!(c.is_done(), "{format:?}: the call is complete, nothing may follow");
+        assert!(
+            first_refused(&mut compile(), &tok, bad).is_some(),
+            "{format:?}: {bad} got through"
+        );
+        let names = tools.iter().map(|t| t.name.clone()).collect();
+        let opened = Some(prefix).filter(|p| !p.is_empty());
+        let mut s = CallSplitter::new(format, names, opened);
+        let mut out = s.push(good);
+        out.extend(s.finish());
+        // Whole calls, or a streamed head followed by its argument fragments.
+        let mut calls: Vec<(String, String)> = vec![];
+        for p in &out {
+            match p {
+                Piece::Call(c) => calls.push((c.name.clone(), c.arguments.clone())),
+                Piece::CallHead { name, .. } => calls.push((name.clone(), String::new())),
+                Piece::CallArgs(a) => calls.last_mut().unwrap().1.push_str(a),
+                Piece::Content(c) => panic!("{format:?}: content {c:?}"),
+            }
+        }
+        let calls: Vec<(String, Value)> =
+            calls.into_iter().map(|(n, a)| (n, serde_json::from_str(&a).unwrap())).collect();
+        assert_eq!(
+            calls,
+            vec![("add".to_string(), json!({"a": 2, "b": 3}))],
+            "{format:?}: {out:?}"
+        );
+    }
+    // A named choice allows only that tool.
+    let Forced { grammar: ForcedGrammar::Lark(l), .. } =
+        ToolFormat::MistralArgs.forced(&tools, Some("get_weather"), true).unwrap()
+    else {
+        panic!()
+    };
+    assert!(first_refused(
+        &mut g.lark(&tok, 151_936, &l).unwrap(),
+        &tok,
+        r#"add[ARGS]{"a": 2, "b": 3}"#
+    )
+    .is_some());
+}
