@@ -27,6 +27,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from render_templates import environment  # noqa: E402
 
 PASSAGE = (ROOT / "engine/src/runtime/passage.txt").read_text().split()
+# The llama.cpp prelude every peer script starts with (no AMX buffers; scripts/lib).
+PLAIN = (ROOT / "scripts/lib/llama_cpp_plain.py").read_text()
 MODEL_ID = "qwen2.5-coder-0.5b-instruct"
 TURNS = 12
 
@@ -160,14 +162,8 @@ def perch_runs(system, tools, turns, port):
 
 # ---------------------------------------------------------------- peers, in their own processes
 
-LLAMA_CPP = r"""
+LLAMA_CPP = PLAIN + r"""
 import json, sys, time
-import llama_cpp.llama_cpp as C
-_defaults = C.llama_model_default_params
-def _plain_params():
-    p = _defaults(); p.use_extra_bufts = False  # llama.cpp 0.3.36's AMX buffers crash on AMX CPUs
-    return p
-C.llama_model_default_params = _plain_params
 from llama_cpp import Llama
 gguf, prompts = sys.argv[1], json.loads(sys.stdin.read())
 llm = Llama(model_path=gguf, n_ctx=16384, n_batch=512, n_threads=2, verbose=False)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSAGE = (ROOT / "engine/src/runtime/passage.txt").read_text()
+# The llama.cpp prelude every peer script starts with (no AMX buffers; scripts/lib).
+PLAIN = (ROOT / "scripts/lib/llama_cpp_plain.py").read_text()
 
 # One mlx-lm measurement, mirroring `perch bench`: one untimed warm-up generation, then
 # TTFT/prefill at 128 and 1024 prompt tokens and decode speed over N tokens, EOS ignored.
@@ -56,17 +58,9 @@ print(json.dumps({
 """
 
 # llama.cpp through llama-cpp-python on a GGUF, 2 threads, measured like the others.
-LLAMA_CPP_BENCH = r"""
+LLAMA_CPP_BENCH = PLAIN + r"""
 import json, sys, time
 import numpy as np
-import llama_cpp.llama_cpp as C
-# No AMX / repacked buffers: llama.cpp 0.3.36's AMX buffers crash (SIGSEGV) on CPUs with AMX.
-_defaults = C.llama_model_default_params
-def _plain_params():
-    p = _defaults()
-    p.use_extra_bufts = False
-    return p
-C.llama_model_default_params = _plain_params
 from llama_cpp import Llama
 path, decode_tokens, passage = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 llm = Llama(model_path=path, n_ctx=2048, n_batch=512, n_threads=2, verbose=False)

@@ -10,31 +10,8 @@ use super::{greedy_departures, own_gap, reference_gap, TopTokens};
 use perch_engine::LoadedModel;
 
 /// Prepended to every script that loads llama.cpp: `greedy(llm, ids, n, top)`, and no extra
-/// buffer types (AMX, repacked weights). On CPUs with AMX (Sapphire Rapids and later) llama.cpp 0.3.36's AMX buffers
-/// crashed the process (SIGSEGV in `decode`, seen here); the plain CPU kernels run everywhere.
-pub const LLAMA_CPP_PLAIN: &str = r#"
-import llama_cpp.llama_cpp as _C
-_defaults = _C.llama_model_default_params
-def _plain_params():
-    p = _defaults()
-    p.use_extra_bufts = False
-    return p
-_C.llama_model_default_params = _plain_params
-
-def greedy(llm, ids, n, top):
-    """llama.cpp's greedy continuation of `ids`: n tokens, and its `top` tokens per step."""
-    import numpy as np
-    llm.reset()
-    llm.eval(ids)
-    gen, best_lists = [], []
-    for _ in range(n):
-        logits = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float64)
-        best = np.argsort(-logits, kind="stable")[:top]
-        best_lists.append([[int(t), float(logits[t])] for t in best])
-        gen.append(int(best[0]))
-        llm.eval([int(best[0])])
-    return gen, best_lists
-"#;
+/// buffer types (why: in the file, shared with the benchmarks).
+pub const LLAMA_CPP_PLAIN: &str = include_str!("../../../scripts/lib/llama_cpp_plain.py");
 
 /// Run `script` with `args` and `input` as JSON on stdin; its last line of output, as JSON.
 pub fn run_python(
