@@ -256,12 +256,10 @@ impl CallSplitter {
                     }
                 }
             }
-            if self.format == ToolFormat::TaggedCall {
-                match self.stream_call(out, close.unwrap_or(""), end) {
-                    Streamed::Wait => return,
-                    Streamed::Closed => continue,
-                    Streamed::Whole => {}
-                }
+            match self.stream_call(out, close, end) {
+                Streamed::Wait => return,
+                Streamed::Closed => continue,
+                Streamed::Whole => {}
             }
             let body_end = match close {
                 Some(c) => self.held.find(c).map(|at| (at, at + c.len())),
@@ -285,13 +283,16 @@ impl CallSplitter {
         }
     }
 
-    /// A tagged JSON call whose head is `{"name": <offered tool>, "arguments": {`: its name
-    /// goes out at once and its arguments as they arrive. Anything else is read whole.
-    fn stream_call(&mut self, out: &mut Vec<Piece>, close: &str, end: bool) -> Streamed {
+    /// A call whose head (`args::head`) names an offered tool: its name goes out at once and
+    /// its arguments as they arrive; then what closes it, and whether another call of the same
+    /// section follows (Mistral's list, DeepSeek's calls). Anything else is read whole.
+    fn stream_call(&mut self, out: &mut Vec<Piece>, close: Option<&str>, end: bool) -> Streamed {
         if self.stream == Stream::Undecided {
-            match args::head(&self.held) {
+            match args::head(self.format, &self.held) {
                 args::Head::NeedMore if !end => return Streamed::Wait,
-                args::Head::Yes { name, args_at } if self.tool_names.contains(&name) => {
+                args::Head::Yes { name, args_at }
+                    if self.tool_names.contains(&name) && self.calls < self.max_calls =>
+                {
                     self.held.drain(..args_at);
                     let id = self.next_id();
                     out.push(Piece::CallHead { id, name });
@@ -311,15 +312,21 @@ impl CallSplitter {
                 return Streamed::Wait;
             }
         }
-        // After the arguments: the object's `}` and the closing marker, then the call is over.
-        match self.held.find(close).filter(|_| !close.is_empty()) {
-            Some(at) => {
-                self.held.drain(..at + close.len());
+        match args::tail(self.format, &self.held, close) {
+            args::Tail::NeedMore if !end => return Streamed::Wait,
+            args::Tail::NeedMore => {
+                self.held.clear();
+                self.in_call = false;
             }
-            None if end => self.held.clear(),
-            None => return Streamed::Wait,
+            args::Tail::Over(n) => {
+                self.held.drain(..n);
+                self.in_call = false;
+            }
+            args::Tail::Next(n) => {
+                self.held.drain(..n);
+                self.stream = Stream::Undecided;
+            }
         }
-        self.in_call = false;
         Streamed::Closed
     }
 
@@ -434,7 +441,10 @@ fn parse_body(format: ToolFormat, body: &str) -> Option<Vec<(String, String)>> {
         }
         ToolFormat::TaggedCall | ToolFormat::Generic => parse_call_object(body).map(|c| vec![c]),
         ToolFormat::Mistral => {
-            let v: Value = serde_json::from_str(body).ok()?;
+            // The rest of a list whose first calls were streamed lacks its `[`.
+            let v: Value = serde_json::from_str(body)
+                .or_else(|_| serde_json::from_str(&format!("[{body}")))
+                .ok()?;
             match v {
                 Value::Array(list) => list.iter().map(call_of_value).collect(),
                 v => call_of_value(&v).map(|c| vec![c]),

@@ -221,7 +221,11 @@ fn without_parallel_calls_only_the_first_is_let_out() {
     let mut s = CallSplitter::new(ToolFormat::Mistral, names, None).one_call();
     let mut out = s.push(text);
     out.extend(s.finish());
-    assert!(matches!(&out[..], [Piece::Call(c)] if c.name == "add"), "{out:?}");
+    // The first call streams; the second is dropped.
+    assert!(
+        matches!(&out[..], [Piece::CallHead { name, .. }, Piece::CallArgs(a)] if name == "add" && a == r#"{"a": 1}"#),
+        "{out:?}"
+    );
     // Forced, Mistral's list is held to one item.
     let tools = [Tool {
         name: "add".into(),
@@ -233,4 +237,38 @@ fn without_parallel_calls_only_the_first_is_let_out() {
         panic!()
     };
     assert_eq!(list["maxItems"], 1);
+}
+
+#[test]
+fn mistral_and_deepseek_calls_stream_their_arguments() {
+    // Fed a character at a time: each call's head goes out before its arguments are complete,
+    // then its arguments in fragments.
+    let cases = [
+        (ToolFormat::MistralArgs, r#"[TOOL_CALLS]add[ARGS]{"a": 12345}[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}"#),
+        (ToolFormat::Mistral, r#"[TOOL_CALLS][{"name": "add", "arguments": {"a": 12345}}, {"name": "get_weather", "arguments": {"city": "Rome"}}]"#),
+        (ToolFormat::DeepSeek, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n{\"a\": 12345}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Rome\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+        (ToolFormat::DeepSeekV31, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>add<｜tool▁sep｜>{\"a\": 12345}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Rome\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+    ];
+    for (format, text) in cases {
+        let mut s = CallSplitter::new(format, vec!["get_weather".into(), "add".into()], None);
+        let mut pieces = Vec::new();
+        for c in text.chars() {
+            pieces.extend(s.push(&c.to_string()));
+        }
+        pieces.extend(s.finish());
+        let heads: Vec<&str> = pieces
+            .iter()
+            .filter_map(|p| match p {
+                Piece::CallHead { name, .. } => Some(name.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(heads, ["add", "get_weather"], "{format:?}: {pieces:?}");
+        let first_args = pieces.iter().filter(|p| matches!(p, Piece::CallArgs(_))).count();
+        assert!(first_args > 4, "{format:?}: arguments in {first_args} fragments");
+        assert!(!pieces.iter().any(|p| matches!(p, Piece::Content(_))), "{format:?}: {pieces:?}");
+        // And whole, they are the same calls.
+        let (c, k) = all_splits(format, text);
+        assert_eq!((c.as_str(), k.len()), ("", 2), "{format:?}");
+    }
 }
