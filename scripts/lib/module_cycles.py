@@ -1,45 +1,123 @@
 #!/usr/bin/env python3
-"""Import cycles in the module graph that `cargo modules dependencies` prints (DOT).
+"""Import cycles between the engine's modules, read from its sources.
+
+Every file under SRC_DIR is a module (`a/mod.rs` is `a`, `lib.rs` the crate). Its edges: each
+`use` declaration (groups expanded; `crate::`, `super::`, `self::` and child-relative paths),
+each path written inline (`crate::a::f()`, `super::b::g()`, `child::h()`), and a name a module
+re-exports (`pub use child::Item`) followed to the module that defines it. Checked against
+cargo-modules' graph when this replaced it (December 2026): every edge cargo-modules saw but
+two re-export chains was found, plus the inline paths it cannot see.
 
 Two levels: top-level modules (the folders and files directly under engine/src) and every
 module (a file), where a parent and its own submodules may name each other. Cycles named in
 ALLOWED are known and listed in the closing note of the issue that keeps them; any other cycle
-fails. cargo-modules sees `use` declarations, not paths written inline (`crate::a::f()`), so
-with SRC_DIR the sources are read too and each inline `crate::` path adds its edge.
+fails.
 
-Usage: module_cycles.py GRAPH.dot [SRC_DIR]
+Usage: module_cycles.py SRC_DIR
 """
-import re, sys, collections
-dot=open(sys.argv[1]).read()
-nodes={}
-for m in re.finditer(r'^\s*"([^"]+)" \[label="([^|"]*)\|', dot, re.M):
-    nodes[m.group(1)]=m.group(2)
-edges=set()
-for m in re.finditer(r'^\s*"([^"]+)" -> "([^"]+)" \[label="uses"', dot, re.M):
-    edges.add((m.group(1),m.group(2)))
-# Inline paths: `crate::a::b::c` written in a file is an edge to the longest such module.
-if len(sys.argv) > 2:
-    import os
-    src=sys.argv[2]
-    for root,_,names in os.walk(src):
+import collections, os, re, sys
+
+import os, re, sys
+def strip_comments(t):
+    t = re.sub(r'/\*.*?\*/', '', t, flags=re.S)
+    t = re.sub(r'//[^\n]*', '', t)
+    # string literals: keep it simple, drop "..." contents (no escapes across quotes)
+    t = re.sub(r'"(?:\\.|[^"\\])*"', '""', t)
+    return t
+def split_top(s):
+    out, depth, cur = [], 0, ''
+    for ch in s:
+        if ch == '{': depth += 1
+        if ch == '}': depth -= 1
+        if ch == ',' and depth == 0:
+            out.append(cur); cur = ''
+        else: cur += ch
+    out.append(cur)
+    return [p.strip() for p in out if p.strip()]
+def expand(s):
+    s = re.sub(r'\s+', '', s)
+    i = s.find('{')
+    if i < 0: return [s]
+    depth = 0
+    for j in range(i, len(s)):
+        if s[j] == '{': depth += 1
+        elif s[j] == '}':
+            depth -= 1
+            if depth == 0: break
+    head, inner = s[:i], s[i+1:j]
+    return [head + q for p in split_top(inner) for q in expand(p)]
+def scan(src):
+    mods = {}
+    for root, _, names in os.walk(src):
         for f in names:
             if not f.endswith('.rs'): continue
-            rel=os.path.relpath(os.path.join(root,f),src)[:-3].split(os.sep)
-            if rel[-1]=='mod': rel=rel[:-1]
-            if rel in (['lib'],['main']): continue
-            me='perch_engine::'+'::'.join(rel)
-            if me not in nodes: continue
-            text=open(os.path.join(root,f)).read()
-            for m in re.finditer(r'\bcrate((?:::[a-z_][a-z0-9_]*)+)', text):
-                parts=m.group(1).split('::')[1:]
-                while parts and 'perch_engine::'+'::'.join(parts) not in nodes: parts.pop()
-                if parts: edges.add((me,'perch_engine::'+'::'.join(parts)))
-def mod_of(n):
-    # nearest enclosing module node
-    while n not in nodes or 'mod' not in nodes[n] and 'crate' not in nodes[n]:
-        if '::' not in n: return n
-        n=n.rsplit('::',1)[0]
-    return n
+            rel = os.path.relpath(os.path.join(root, f), src)[:-3].split(os.sep)
+            if rel == ['main']: continue
+            if rel[-1] == 'mod': rel = rel[:-1]
+            if rel == ['lib']: rel = []
+            mods[tuple(rel)] = os.path.join(root, f)
+    nodes = set(mods)
+    texts = {me: strip_comments(open(path).read()) for me, path in mods.items()}
+
+    def flat_uses(text):
+        out = []
+        for m in re.finditer(r'\b(pub(?:\([a-z]+\))?\s+)?use\s+([^;]+);', text):
+            out += [(bool(m.group(1)), p) for p in expand(m.group(2))]
+        return out
+
+    def resolve(me, p, reexports):
+        alias = None
+        if re.search(r'\bas\b', p):
+            p, alias = re.split(r'\bas\b', p)[0], True
+        segs = [x for x in p.strip(':').split('::') if x]
+        if not segs: return None, None
+        if segs[0] == 'crate': base, segs = (), segs[1:]
+        elif segs[0] in ('super', 'self'):
+            base = me
+            while segs and segs[0] in ('super', 'self'):
+                if segs[0] == 'super': base = base[:-1]
+                segs = segs[1:]
+        elif me + (segs[0],) in nodes: base = me
+        else: return None, None
+        segs = [x for x in segs if x not in ('*', 'self')]
+        node, rest = base, list(segs)
+        while rest and node + (rest[0],) in nodes:
+            node, rest = node + (rest[0],), rest[1:]
+        # Follow re-exports (`pub use child::Item` in a module) to the defining module.
+        seen = 0
+        while rest and reexports.get(node, {}).get(rest[0]) and seen < 8:
+            node, seen = reexports[node][rest[0]], seen + 1
+            rest = rest[1:] if False else rest
+            break
+        return node, (segs[-1] if segs else None)
+
+    reexports = {}
+    for _ in range(3):  # re-exports of re-exports
+        for me, text in texts.items():
+            for public, p in flat_uses(text):
+                if not public: continue
+                target, last = resolve(me, p, reexports)
+                if target is None: continue
+                name = re.split(r'\bas\b', p)[-1].strip() if re.search(r'\bas\b', p) else last
+                if name and target != me:
+                    reexports.setdefault(me, {})[name] = target
+    edges = set()
+    for me, text in texts.items():
+        paths = [p for _, p in flat_uses(text)]
+        rest_text = re.sub(r'\buse\s+[^;]+;', '', text)
+        paths += [m.group(0) for m in re.finditer(r'\b(?:crate|super)(?:::[A-Za-z_][A-Za-z0-9_]*)+', rest_text)]
+        # relative paths to a child module written inline: `child::item`
+        for m in re.finditer(r'(?<![:\w])([a-z_][a-z0-9_]*)((?:::[A-Za-z_][A-Za-z0-9_]*)+)', rest_text):
+            if me + (m.group(1),) in nodes: paths.append(m.group(0))
+        for p in paths:
+            full, _ = resolve(me, p, reexports)
+            if full is not None and full != me:
+                edges.add(('perch_engine' + ''.join('::' + s for s in me), 'perch_engine' + ''.join('::' + s for s in full)))
+    return {'perch_engine' + ''.join('::' + s for s in n) for n in nodes}, edges
+
+
+nodes, edges = scan(sys.argv[1])
+
 def scc(graph):
     index={};low={};st=[];on=set();out=[];i=[0]
     def go(v):
@@ -60,7 +138,7 @@ def scc(graph):
 def level(key):
     g=collections.defaultdict(set)
     for a,b in edges:
-        a,b=key(mod_of(a)),key(mod_of(b))
+        a,b=key(a),key(b)
         if a and b and a!=b: g[a].add(b); g[b]
     return g
 top=lambda n: n.split('::')[1] if n.count('::')>=1 else None

@@ -19,7 +19,9 @@ use crate::server::error::ApiError;
 
 pub(super) type S = State<Weak<Supervisor>>;
 
-pub fn router(sup: Weak<Supervisor>) -> Router {
+/// The control routes, with `more` (Ollama's pull and delete, from `pull`, which uses this
+/// module's helpers) under the same state and fallback.
+pub fn router(sup: Weak<Supervisor>, more: Router<Weak<Supervisor>>) -> Router {
     Router::new()
         .route("/perch/status", get(status))
         .route("/perch/config", get(get_config).put(put_config))
@@ -29,8 +31,7 @@ pub fn router(sup: Weak<Supervisor>) -> Router {
         .route("/perch/models/{*id}", axum::routing::delete(delete_model))
         .route("/perch/downloads", get(downloads).post(start_download))
         .route("/perch/downloads/{id}/cancel", post(cancel_download))
-        .route("/api/pull", post(super::pull::pull))
-        .route("/api/delete", axum::routing::delete(super::pull::delete))
+        .merge(more)
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,

@@ -137,7 +137,7 @@ impl Supervisor {
             watcher: Mutex::new(None),
             runtime: tokio::runtime::Handle::current(),
         });
-        server.front.set_control(control::router(Arc::downgrade(&sup)));
+        server.front.set_control(control::router(Arc::downgrade(&sup), pull::routes()));
         *sup.server.lock().await = Some(server);
         match loaded {
             Ok(settings) => {

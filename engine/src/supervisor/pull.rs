@@ -8,7 +8,8 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
+use axum::routing::{delete as delete_route, post};
+use axum::{Json, Router};
 use futures_util::stream;
 use serde_json::{json, Value};
 
@@ -71,6 +72,11 @@ fn progress(job: &JobView) -> Vec<Value> {
 }
 
 /// `POST /api/pull`: start (or join) the download of `org/repo[:revision]`.
+/// `POST /api/pull` and `DELETE /api/delete`, served with the control routes.
+pub(super) fn routes() -> Router<std::sync::Weak<super::Supervisor>> {
+    Router::new().route("/api/pull", post(pull)).route("/api/delete", delete_route(delete))
+}
+
 pub async fn pull(axum::extract::State(sup): S, bytes: Bytes) -> Response {
     let sup = match live(sup) {
         Ok(s) => s,
