@@ -5,6 +5,7 @@ peak, and drift on a noisy machine hits all alike."""
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -131,9 +132,12 @@ def synthetic_model(out: Path) -> Path:
     return out
 
 
-def perch(model: Path, decode: int) -> dict:
+def perch(model: Path, decode: int, host: bool = True) -> dict:
+    env = dict(os.environ)
+    if not host:
+        env["PERCH_NO_HOST_HEAD"] = "1"  # MLX's f32 matmuls for every step
     out = subprocess.run([str(ROOT / "target/release/perch"), "bench", "--json", "--decode-tokens", str(decode),
-                          "--model", str(model)], check=True, capture_output=True, text=True)
+                          "--model", str(model)], check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -218,10 +222,31 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", type=Path, help="perch vs mlx-lm on this MLX directory")
     ap.add_argument("--peers", action="store_true", help="Gemma 3 270M: perch bf16/4-bit, mlx-lm, llama.cpp")
+    ap.add_argument("--defaults", action="store_true",
+                    help="both installed default models (f32 imports): perch with and without the host path, mlx-lm, llama.cpp")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--decode-tokens", type=int, default=128)
     args = ap.parse_args()
     d = args.decode_tokens
+    if args.defaults:
+        installed = json.loads(subprocess.run([str(ROOT / "target/release/perch"), "models", "--json"],
+                                              check=True, capture_output=True, text=True).stdout)
+        paths = {m["id"]: Path(m["path"]) for m in installed}
+        results = {}
+        for model_id, fetch in (("gemma-3-270m", "fetch-gemma-gguf"), ("qwen2.5-coder-0.5b-instruct", "fetch-qwen-gguf")):
+            gguf = Path(subprocess.run([str(ROOT / "scripts" / fetch)], check=True, capture_output=True, text=True).stdout.strip())
+            path = paths[model_id]
+            engines = {
+                "perch": lambda path=path: perch(path, d),
+                "perch MLX only": lambda path=path: perch(path, d, host=False),
+                "mlx-lm": lambda path=path: mlx_lm(path, d),
+                "llama.cpp": lambda gguf=gguf: llama_cpp(gguf, d),
+            }
+            runs = run_rounds(engines, args.rounds)
+            print(f"\n{model_id} (f32 import of its Q4_K_M GGUF; llama.cpp on the GGUF, 2 threads)")
+            results[model_id] = table(runs, args.rounds, "llama.cpp")
+        print(json.dumps({"figures": results, "rounds": args.rounds}))
+        return
     if args.peers:
         gguf = Path(subprocess.run([str(ROOT / "scripts/fetch-gemma-gguf")], check=True, capture_output=True, text=True).stdout.strip())
         dirs = {}

@@ -38,7 +38,7 @@ pub struct Gemma3Text {
     norm: RmsNorm,
     /// Per layer: `Some(window)` for sliding-window layers.
     windows: Vec<Option<i32>>,
-    host_head: Option<super::host_head::HostHead>,
+    host_head: Option<super::host_matrix::HostMatrix>,
     dims: ProjectionDims,
 }
 

@@ -156,10 +156,15 @@ pub struct Projections {
 }
 
 impl Projections {
-    pub fn new(parts: Vec<Linear>, widths: Vec<i32>) -> Projections {
+    pub fn new(parts: Vec<Linear>, widths: Vec<i32>) -> Result<Projections> {
         match Linear::stack(parts) {
-            Ok(fused) => Projections { fused: Some(fused), separate: vec![], widths },
-            Err(parts) => Projections { fused: None, separate: parts, widths },
+            Ok(fused) => {
+                Ok(Projections { fused: Some(fused.with_host()?), separate: vec![], widths })
+            }
+            Err(parts) => {
+                let separate = parts.into_iter().map(Linear::with_host).collect::<Result<_>>()?;
+                Ok(Projections { fused: None, separate, widths })
+            }
         }
     }
 
@@ -215,8 +220,9 @@ impl Attention {
         let k = Linear::load(w, cfg, &format!("{prefix}.k_proj"), s.hidden, kv_out, s.qkv_bias)?;
         let v = Linear::load(w, cfg, &format!("{prefix}.v_proj"), s.hidden, kv_out, s.qkv_bias)?;
         Ok(Attention {
-            qkv: Projections::new(vec![q, k, v], vec![q_out, kv_out, kv_out]),
-            o: Linear::load(w, cfg, &format!("{prefix}.o_proj"), q_out, s.hidden, s.out_bias)?,
+            qkv: Projections::new(vec![q, k, v], vec![q_out, kv_out, kv_out])?,
+            o: Linear::load(w, cfg, &format!("{prefix}.o_proj"), q_out, s.hidden, s.out_bias)?
+                .with_host()?,
             q_norm: norm(w, "q_norm")?,
             k_norm: norm(w, "k_norm")?,
             rope,
@@ -295,8 +301,9 @@ impl Mlp {
         let gate = Linear::load(w, cfg, &format!("{prefix}.gate_proj"), hidden, inter, bias)?;
         let up = Linear::load(w, cfg, &format!("{prefix}.up_proj"), hidden, inter, bias)?;
         Ok(Mlp {
-            gate_up: Projections::new(vec![gate, up], vec![inter, inter]),
-            down: Linear::load(w, cfg, &format!("{prefix}.down_proj"), inter, hidden, bias)?,
+            gate_up: Projections::new(vec![gate, up], vec![inter, inter])?,
+            down: Linear::load(w, cfg, &format!("{prefix}.down_proj"), inter, hidden, bias)?
+                .with_host()?,
             gelu: false,
         })
     }
@@ -382,7 +389,7 @@ pub struct DecoderStack {
     /// `None` when the head is tied to the embeddings.
     pub lm_head: Option<Linear>,
     /// The tied head for one-token steps on the CPU backend.
-    pub host_head: Option<super::host_head::HostHead>,
+    pub host_head: Option<super::host_matrix::HostMatrix>,
     pub dims: ProjectionDims,
 }
 
@@ -508,7 +515,7 @@ impl DecoderStack {
         let lm_head = if tied {
             None
         } else {
-            Some(Linear::load(w, cfg, "lm_head", hidden, s.vocab, false)?)
+            Some(Linear::load(w, cfg, "lm_head", hidden, s.vocab, false)?.with_host()?)
         };
         let host_head = if tied { embed.host_head()? } else { None };
         let a = &s.attention;

@@ -4,7 +4,11 @@
 use mlx_rs::ops::{self, concatenate};
 use mlx_rs::{Array, Dtype};
 
+use super::host_matrix::HostMatrix;
 use super::weights::Weights;
+
+/// Output heads smaller than this stay in MLX.
+const HOST_HEAD_MIN_ELEMENTS: usize = 16 << 20;
 use super::ModelConfig;
 use crate::error::{EngineError, Result};
 
@@ -16,8 +20,19 @@ pub struct QuantSpec {
 }
 
 pub enum Linear {
-    Dense { weight: Array, bias: Option<Array> },
-    Quantized { weight: Array, scales: Array, biases: Array, bias: Option<Array>, spec: QuantSpec },
+    /// `host`: the 8-bit copy one-token steps read on the CPU backend (`host_matrix`).
+    Dense {
+        weight: Array,
+        bias: Option<Array>,
+        host: Option<HostMatrix>,
+    },
+    Quantized {
+        weight: Array,
+        scales: Array,
+        biases: Array,
+        bias: Option<Array>,
+        spec: QuantSpec,
+    },
 }
 
 impl Linear {
@@ -36,7 +51,18 @@ impl Linear {
             return Ok(Linear::Quantized { weight, scales, biases, bias, spec });
         }
         let weight = w.take(&format!("{prefix}.weight"), &[out, inp])?;
-        Ok(Linear::Dense { weight, bias })
+        Ok(Linear::Dense { weight, bias, host: None })
+    }
+
+    /// With the host copy of its weight when one is exact (CPU backend, dense weights only).
+    pub fn with_host(self) -> Result<Linear> {
+        Ok(match self {
+            Linear::Dense { weight, bias, host: None } => {
+                let host = HostMatrix::new(&weight)?;
+                Linear::Dense { weight, bias, host }
+            }
+            other => other,
+        })
     }
 
     /// One layer computing all of `parts` (same input, outputs side by side): one matmul
@@ -65,7 +91,7 @@ impl Linear {
                 })
                 .collect();
             return match cat(ws) {
-                Ok(weight) => Ok(Linear::Dense { weight, bias }),
+                Ok(weight) => Ok(Linear::Dense { weight, bias, host: None }),
                 Err(_) => Err(parts),
             };
         }
@@ -104,8 +130,15 @@ impl Linear {
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let y = match self {
-            Linear::Dense { weight, bias: Some(b) } => ops::addmm(b, x, weight.t(), None, None)?,
-            Linear::Dense { weight, bias: None } => x.matmul(weight.t())?,
+            // One vector (a decode step): the host copy.
+            Linear::Dense { host: Some(h), bias, .. } if x.size() == h.cols() => match bias {
+                Some(b) => h.forward(x)?.add(b)?,
+                None => h.forward(x)?,
+            },
+            Linear::Dense { weight, bias: Some(b), .. } => {
+                ops::addmm(b, x, weight.t(), None, None)?
+            }
+            Linear::Dense { weight, bias: None, .. } => x.matmul(weight.t())?,
             Linear::Quantized { weight, scales, biases, bias, spec } => {
                 let y = ops::quantized_matmul(
                     x,
@@ -160,12 +193,13 @@ impl Embedding {
         })
     }
 
-    /// A host-side int8 copy of a large dense table for one-token steps on the CPU backend
-    /// (see `host_head`); `None` where MLX's own matmul is the better choice.
-    pub fn host_head(&self) -> Result<Option<super::host_head::HostHead>> {
+    /// The host copy of a large dense table for one-token steps on the CPU backend (see
+    /// `host_matrix`); `None` where MLX's own matmul is the better choice. Small tables (the
+    /// fixtures') stay in MLX.
+    pub fn host_head(&self) -> Result<Option<HostMatrix>> {
         match self {
-            Embedding::Dense(table) if std::env::var_os("PERCH_NO_HOST_HEAD").is_none() => {
-                super::host_head::HostHead::new(table)
+            Embedding::Dense(table) if table.size() >= HOST_HEAD_MIN_ELEMENTS => {
+                HostMatrix::new(table)
             }
             _ => Ok(None),
         }

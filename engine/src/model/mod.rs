@@ -3,7 +3,7 @@
 //! One file per architecture; `layers` holds the pieces they share.
 
 pub mod gemma3_text;
-pub mod host_head;
+pub mod host_matrix;
 pub mod kv_cache;
 pub mod layers;
 pub mod linear;

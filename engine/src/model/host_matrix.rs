@@ -1,0 +1,273 @@
+//! A weight matrix read from an 8-bit copy on the host, for the CPU backend's decode steps
+//! (issue 19): every projection and the output head of a one-token step.
+//!
+//! On the Linux CPU backend MLX computes in f32 over OpenBLAS, so a decode step reads four
+//! bytes per weight; its M=1 sgemm streams them at ~11 GB/s. Weights imported from a GGUF's
+//! quantized blocks hold few distinct values per block: Q4_K and Q5_K blocks of 32 are
+//! `scale * q - offset` with q < 16 or 32, Q8_0 and Q5_0 blocks of 32 and Q6_K's sub-blocks of
+//! 16 are `scale * q`. Such a block is stored here as bytes `q` (0..=255) with an f32 scale and
+//! offset: 1.25 bytes per weight with blocks of 32, 1.5 with blocks of 16, read by a plain
+//! two-thread dot-product loop that the compiler vectorizes (AVX2/FMA when the CPU has them).
+//!
+//! It is only used when it is exact: every value of the matrix is recovered from its block's
+//! bytes up to f32 rounding (checked at load), so the outputs equal the f32 matmul's up to
+//! summation order. Any other matrix (fixtures' random weights, a model saved in f32 or bf16
+//! from training) keeps MLX's matmul, so no model's output changes because of this shortcut.
+//! `PERCH_NO_HOST_HEAD` set in the environment turns the whole host path off.
+
+use mlx_rs::Array;
+
+use crate::error::Result;
+
+/// Whether the host path may be used at all in this process (CPU backend, not switched off).
+pub fn enabled() -> bool {
+    !cfg!(target_os = "macos") && std::env::var_os("PERCH_NO_HOST_HEAD").is_none()
+}
+
+/// Products of fewer weights than this run on the calling thread.
+const SMALL: usize = 1 << 18;
+
+pub struct HostMatrix {
+    rows: usize,
+    cols: usize,
+    block: usize,
+    quants: Vec<u8>,
+    /// Per block: the step between levels and the value of level 0.
+    scales: Vec<f32>,
+    offsets: Vec<f32>,
+}
+
+impl HostMatrix {
+    /// The 8-bit copy of `weight` ([rows, cols] floating point), with blocks of 32 or else 16
+    /// along each row; `None` when no such copy reproduces every value or the path is off.
+    pub fn new(weight: &Array) -> Result<Option<HostMatrix>> {
+        if !enabled() || weight.ndim() != 2 {
+            return Ok(None);
+        }
+        let (rows, cols) = (weight.shape()[0] as usize, weight.shape()[1] as usize);
+        let f32s = weight.as_dtype(mlx_rs::Dtype::Float32)?;
+        f32s.eval()?;
+        let data = f32s.as_slice::<f32>();
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 8);
+        let found = [32, 16].into_iter().filter(|b| cols % b == 0).find_map(|block| {
+            let n = rows * cols / block;
+            let (mut quants, mut scales, mut offsets) =
+                (vec![0u8; rows * cols], vec![0f32; n], vec![0f32; n]);
+            // Blocks split between threads; any block without an exact copy fails the size.
+            let per = n.div_ceil(threads);
+            let ok = std::thread::scope(|s| {
+                let parts = data
+                    .chunks(per * block)
+                    .zip(quants.chunks_mut(per * block))
+                    .zip(scales.chunks_mut(per).zip(offsets.chunks_mut(per)))
+                    .map(|((values, q), (sc, off))| {
+                        s.spawn(move || {
+                            let mut hint = 255.0;
+                            for (((v, q), sc), off) in values
+                                .chunks_exact(block)
+                                .zip(q.chunks_exact_mut(block))
+                                .zip(sc.iter_mut())
+                                .zip(off.iter_mut())
+                            {
+                                let Some((a, b)) = levels(v, q, &mut hint) else { return false };
+                                (*sc, *off) = (a, b);
+                            }
+                            true
+                        })
+                    })
+                    .collect::<Vec<_>>();
+                parts.into_iter().all(|p| p.join().unwrap_or(false))
+            });
+            ok.then_some(HostMatrix { rows, cols, block, quants, scales, offsets })
+        });
+        match &found {
+            Some(m) => {
+                tracing::debug!("host copy of a {rows}x{cols} matrix, blocks of {}", m.block)
+            }
+            None => tracing::debug!("no exact host copy of a {rows}x{cols} matrix: MLX keeps it"),
+        }
+        Ok(found)
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// `h @ W.T` for `h` of shape [.., L, cols]: [.., L, rows] in `h`'s dtype. Each row of the
+    /// matrix is read once for all L vectors.
+    pub fn forward(&self, h: &Array) -> Result<Array> {
+        let mut shape = h.shape().to_vec();
+        let l = h.size() / self.cols;
+        let x = h.as_dtype(mlx_rs::Dtype::Float32)?;
+        x.eval()?;
+        let x = x.as_slice::<f32>();
+        // Per vector and block: the sum of its values (the offsets' share of each dot).
+        let sums: Vec<f32> = x.chunks_exact(self.block).map(|c| c.iter().sum()).collect();
+        // Starting a thread costs more than a small product saves.
+        let threads = match self.rows * self.cols * l {
+            n if n < SMALL => 1,
+            _ => std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 8),
+        };
+        let per = self.rows.div_ceil(threads);
+        // Each thread fills [its rows, L]; transposed to [L, rows] below.
+        let mut parts = vec![Vec::new(); self.rows.div_ceil(per)];
+        if threads == 1 {
+            parts[0] = vec![0f32; self.rows * l];
+            self.rows_into(0, &mut parts[0], x, &sums, l);
+        } else {
+            std::thread::scope(|s| {
+                for (t, part) in parts.iter_mut().enumerate() {
+                    let first = t * per;
+                    let n = per.min(self.rows - first);
+                    let (x, sums) = (&x, &sums);
+                    s.spawn(move || {
+                        *part = vec![0f32; n * l];
+                        self.rows_into(first, part, x, sums, l);
+                    });
+                }
+            });
+        }
+        let mut out = vec![0f32; self.rows * l];
+        for (t, part) in parts.iter().enumerate() {
+            for (i, values) in part.chunks_exact(l).enumerate() {
+                for (j, v) in values.iter().enumerate() {
+                    out[j * self.rows + t * per + i] = *v;
+                }
+            }
+        }
+        *shape.last_mut().unwrap() = self.rows as i32;
+        Ok(Array::from_slice(&out, &shape).as_dtype(h.dtype())?)
+    }
+
+    fn rows_into(&self, first: usize, out: &mut [f32], x: &[f32], sums: &[f32], l: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            // SAFETY: the features were just detected on this CPU.
+            unsafe { self.rows_into_avx2(first, out, x, sums, l) };
+            return;
+        }
+        self.rows_into_plain(first, out, x, sums, l);
+    }
+
+    /// One row at a time, eight lanes: bytes widened to f32, multiplied by the vector, and
+    /// added to one of four accumulators scaled by the block's step (four, so the fused adds
+    /// do not wait on each other); the offsets' share is the block's sum of the vector.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn rows_into_avx2(
+        &self,
+        first: usize,
+        out: &mut [f32],
+        x: &[f32],
+        sums: &[f32],
+        l: usize,
+    ) {
+        use std::arch::x86_64::*;
+        let (b, blocks) = (self.block, self.cols / self.block);
+        for (i, o) in out.chunks_exact_mut(l).enumerate() {
+            let row = first + i;
+            let q = &self.quants[row * self.cols..(row + 1) * self.cols];
+            let d = &self.scales[row * blocks..(row + 1) * blocks];
+            let m = &self.offsets[row * blocks..(row + 1) * blocks];
+            for (j, o) in o.iter_mut().enumerate() {
+                let xv = &x[j * self.cols..(j + 1) * self.cols];
+                let sums = &sums[j * blocks..(j + 1) * blocks];
+                let mut acc = [_mm256_setzero_ps(); 4];
+                let mut shift = 0f32;
+                for blk in 0..blocks {
+                    let scale = _mm256_set1_ps(d[blk]);
+                    for k in 0..b / 8 {
+                        let at = blk * b + k * 8;
+                        // SAFETY: `at + 8 <= cols` for both slices (cols is a multiple of b).
+                        let qi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(q.as_ptr().add(at).cast()));
+                        let p = _mm256_mul_ps(
+                            _mm256_cvtepi32_ps(qi),
+                            _mm256_loadu_ps(xv.as_ptr().add(at)),
+                        );
+                        acc[k % 4] = _mm256_fmadd_ps(scale, p, acc[k % 4]);
+                    }
+                    shift = m[blk].mul_add(sums[blk], shift);
+                }
+                let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+                let mut lanes = [0f32; 8];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+                *o = lanes.iter().sum::<f32>() + shift;
+            }
+        }
+    }
+
+    /// The same sums without SIMD intrinsics (other CPUs; the compiler vectorizes what it can).
+    fn rows_into_plain(&self, first: usize, out: &mut [f32], x: &[f32], sums: &[f32], l: usize) {
+        let (b, blocks) = (self.block, self.cols / self.block);
+        for (i, o) in out.chunks_exact_mut(l).enumerate() {
+            let row = first + i;
+            let q = &self.quants[row * self.cols..(row + 1) * self.cols];
+            for (j, o) in o.iter_mut().enumerate() {
+                let xv = &x[j * self.cols..(j + 1) * self.cols];
+                let mut total = 0f32;
+                for blk in 0..blocks {
+                    let at = blk * b;
+                    let dot: f32 = q[at..at + b]
+                        .iter()
+                        .zip(&xv[at..at + b])
+                        .map(|(&q, &x)| q as f32 * x)
+                        .sum();
+                    total += self.scales[row * blocks + blk] * dot
+                        + self.offsets[row * blocks + blk] * sums[j * blocks + blk];
+                }
+                *o = total;
+            }
+        }
+    }
+}
+
+/// A block as `offset + scale * q` with q in 0..=255, written into `q`; `None` when that does
+/// not give back every value (up to f32 rounding: 1e-6 of the block's largest magnitude).
+/// `hint`: the number of steps that fitted the block before (neighbouring blocks of one tensor
+/// come from the same format), tried first.
+fn levels(values: &[f32], q: &mut [u8], hint: &mut f32) -> Option<(f32, f32)> {
+    let (lo, hi) = values
+        .iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+    if !lo.is_finite() || !hi.is_finite() {
+        return None;
+    }
+    if hi == lo {
+        q.fill(0);
+        return Some((0.0, lo));
+    }
+    let span = hi - lo;
+    let near_whole = |r: f32| (r - r.round()).abs() < 1e-3;
+    let fits = |n: f32| values.iter().all(|v| near_whole((v - lo) / span * n));
+    // 255 steps hold any span of 1, 3, 5, 15, 17, 51 or 85 steps (Q4_K's 0..15 among them).
+    let steps = [*hint, 255.0, 127.0, 63.0, 31.0].into_iter().find(|&n| fits(n)).or_else(|| {
+        // The step divides every gap between neighbouring distinct values: the smallest gap,
+        // or a fraction of it when some levels are unused; failing that, every count in turn.
+        let mut sorted = values.to_vec();
+        sorted.sort_unstable_by(f32::total_cmp);
+        sorted.dedup();
+        let smallest = sorted.windows(2).map(|w| w[1] - w[0]).fold(f32::INFINITY, f32::min);
+        (1..=8)
+            .map(|k| (span / (smallest / k as f32)).round())
+            .chain((1..=255).map(|n| n as f32))
+            .find(|&n| n <= 255.0 && fits(n))
+    })?;
+    *hint = steps;
+    let scale = span / steps;
+    let tol = lo.abs().max(hi.abs()) * 1e-6;
+    for (v, q) in values.iter().zip(q.iter_mut()) {
+        let level = ((v - lo) / scale).round();
+        if !(0.0..=255.0).contains(&level) || (lo + scale * level - v).abs() > tol {
+            return None;
+        }
+        *q = level as u8;
+    }
+    Some((scale, lo))
+}
+
+#[cfg(test)]
+mod tests;

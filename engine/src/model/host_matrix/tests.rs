@@ -1,0 +1,84 @@
+//! The 8-bit copy against MLX's f32 matmul on matrices shaped like GGUF imports.
+
+use super::*;
+
+/// A [rows, cols] matrix of `block`-wide blocks, each `offset + scale * q` with q drawn from
+/// `levels` (symmetric when `offset` is minus half the span).
+fn quantized(rows: usize, cols: usize, block: usize, levels: u32, affine: bool) -> Vec<f32> {
+    let mut data = vec![0f32; rows * cols];
+    let mut seed = 12345u64;
+    for (b, values) in data.chunks_mut(block).enumerate() {
+        let d = 0.001 + (b % 97) as f32 * 1e-4;
+        let m = if affine { 0.01 * (b % 13) as f32 } else { d * (levels / 2) as f32 };
+        for v in values.iter_mut() {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let q = ((seed >> 33) % levels as u64) as f32;
+            *v = d * q - m;
+        }
+    }
+    data
+}
+
+fn check(data: &[f32], rows: usize, cols: usize, l: usize, block: usize) {
+    let w = Array::from_slice(data, &[rows as i32, cols as i32]);
+    let host = HostMatrix::new(&w).unwrap().expect("an exact 8-bit copy");
+    assert_eq!(host.block, block);
+    let x: Vec<f32> = (0..l * cols).map(|i| ((i * 7919) % 200) as f32 / 100.0 - 1.0).collect();
+    let h = Array::from_slice(&x, &[1, l as i32, cols as i32]);
+    let got = host.forward(&h).unwrap();
+    let want = h.matmul(w.t()).unwrap();
+    // The portable loop too, whatever this CPU runs by default.
+    let sums: Vec<f32> = x.chunks_exact(block).map(|c| c.iter().sum()).collect();
+    let mut plain = vec![0f32; rows * l];
+    host.rows_into_plain(0, &mut plain, &x, &sums, l);
+    let plain: Vec<f32> = (0..l * rows).map(|k| plain[(k % rows) * l + k / rows]).collect();
+    let plain = Array::from_slice(&plain, &[1, l as i32, rows as i32]);
+    assert_close(&plain, &want, "portable loop");
+    assert_close(&got, &want, "host copy");
+}
+
+fn assert_close(got: &Array, want: &Array, what: &str) {
+    assert_eq!(got.shape(), want.shape());
+    let (got, want) = (got.as_slice::<f32>(), want.as_slice::<f32>());
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let err = got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / scale;
+    assert!(err < 1e-5, "{what} differs from the f32 matmul by {err:.2e} relative");
+}
+
+#[test]
+fn q8_q4k_and_q6k_shaped_matrices_are_exact() {
+    // Q8_0: symmetric, 255 levels per 32; Q4_K: affine, 16 levels per 32 (some unused);
+    // Q6_K: symmetric, 64 levels per 16 (a 32-block mixes two scales, so 16 it is).
+    check(&quantized(300, 256, 32, 255, false), 300, 256, 1, 32);
+    check(&quantized(300, 256, 32, 16, true), 300, 256, 3, 32);
+    check(&quantized(64, 512, 16, 64, false), 64, 512, 1, 16);
+}
+
+#[test]
+fn a_matrix_that_is_not_exact_keeps_mlx() {
+    let data: Vec<f32> =
+        (0..256 * 256).map(|i| ((i * 2654435761usize) % 1000) as f32 / 997.0 - 0.5).collect();
+    let w = Array::from_slice(&data, &[256, 256]);
+    assert!(HostMatrix::new(&w).unwrap().is_none());
+}
+
+/// `cargo test --release -p perch-engine --lib host_matrix_speed -- --ignored --nocapture`:
+/// bytes read per second by one-vector products on the Qwen 0.5B MLP's shapes.
+#[test]
+#[ignore]
+fn host_matrix_speed() {
+    for (rows, cols) in [(9728usize, 896usize), (896, 4864), (151936, 896)] {
+        let w =
+            Array::from_slice(&quantized(rows, cols, 32, 16, true), &[rows as i32, cols as i32]);
+        let host = HostMatrix::new(&w).unwrap().unwrap();
+        let x = Array::from_slice(&vec![0.5f32; cols], &[1, 1, cols as i32]);
+        let n = 50;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            host.forward(&x).unwrap().eval().unwrap();
+        }
+        let per = t.elapsed().as_secs_f64() / n as f64;
+        let bytes = (rows * cols) as f64 * (1.0 + 8.0 / 32.0);
+        eprintln!("{rows}x{cols}: {:.3} ms per product, {:.1} GB/s", per * 1e3, bytes / per / 1e9);
+    }
+}
