@@ -243,19 +243,10 @@ fn levels(values: &[f32], q: &mut [u8], hint: &mut f32) -> Option<(f32, f32)> {
     let span = hi - lo;
     let near_whole = |r: f32| (r - r.round()).abs() < 1e-3;
     let fits = |n: f32| values.iter().all(|v| near_whole((v - lo) / span * n));
-    // 255 steps hold any span of 1, 3, 5, 15, 17, 51 or 85 steps (Q4_K's 0..15 among them).
-    let steps = [*hint, 255.0, 127.0, 63.0, 31.0].into_iter().find(|&n| fits(n)).or_else(|| {
-        // The step divides every gap between neighbouring distinct values: the smallest gap,
-        // or a fraction of it when some levels are unused; failing that, every count in turn.
-        let mut sorted = values.to_vec();
-        sorted.sort_unstable_by(f32::total_cmp);
-        sorted.dedup();
-        let smallest = sorted.windows(2).map(|w| w[1] - w[0]).fold(f32::INFINITY, f32::min);
-        (1..=8)
-            .map(|k| (span / (smallest / k as f32)).round())
-            .chain((1..=255).map(|n| n as f32))
-            .find(|&n| n <= 255.0 && fits(n))
-    })?;
+    // The previous block's count first; 255 steps hold any span of 1, 3, 5, 15, 17, 51 or 85
+    // steps (Q4_K's 0..15 among them); then every count in turn (a wrong one fails on its
+    // first or second value).
+    let steps = [*hint, 255.0].into_iter().chain((1..=255).map(|n| n as f32)).find(|&n| fits(n))?;
     *hint = steps;
     let scale = span / steps;
     let tol = lo.abs().max(hi.abs()) * 1e-6;
