@@ -9,5 +9,5 @@ pub mod tools;
 pub use reasoning::{Part, ThinkSplitter};
 pub use template::{ChatMessage, ChatOptions, ChatTemplate};
 pub use tools::{
-    call_schema, CallSplitter, Forced, ForcedGrammar, Piece, Tool, ToolCall, ToolChoice, ToolFormat,
+    CallSplitter, Forced, ForcedGrammar, Piece, Tool, ToolCall, ToolChoice, ToolFormat,
 };

@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 
-pub use forced::{call_schema, dumps_layout, Forced, ForcedGrammar};
+pub use forced::{dumps_layout, Forced, ForcedGrammar};
 
 /// A function the client offers (OpenAI's `tools[].function`).
 #[derive(Debug, Clone, PartialEq)]

@@ -89,10 +89,6 @@ impl HostMatrix {
         Ok(found)
     }
 
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
     pub fn cols(&self) -> usize {
         self.cols
     }

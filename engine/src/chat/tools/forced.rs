@@ -66,13 +66,8 @@ impl ToolFormat {
     }
 }
 
-/// The JSON schema of one call object `{"name": …, "arguments": …}` to one of `tools` (or
-/// only to `only`), its arguments held to that tool's `parameters`.
-pub fn call_schema(tools: &[Tool], only: Option<&str>) -> Value {
-    let allowed: Vec<&Tool> = tools.iter().filter(|t| only.is_none_or(|n| n == t.name)).collect();
-    call_schema_of(&allowed, "arguments")
-}
-
+/// The JSON schema of one call object `{"name": …, <args_key>: …}` to one of `tools`, its
+/// arguments held to that tool's `parameters`.
 fn call_schema_of(tools: &[&Tool], args_key: &str) -> Value {
     let each: Vec<Value> = tools
         .iter()

@@ -187,10 +187,14 @@ fn the_call_schema_names_each_tool_and_its_parameters() {
     };
     let p = serde_json::json!({"type": "object", "properties": {"a": {"type": "integer"}}});
     let tools = [tool("add", p.clone()), tool("now", Value::Null)];
-    let one = call_schema(&tools, Some("add"));
+    let schema = |only| match ToolFormat::TaggedCall.forced(&tools, only, true) {
+        Some(Forced { grammar: ForcedGrammar::Schema(s), .. }) => s,
+        other => panic!("{other:?}"),
+    };
+    let one = schema(Some("add"));
     assert_eq!(one["properties"]["name"]["const"], "add");
     assert_eq!(one["properties"]["arguments"], p);
-    let any = call_schema(&tools, None);
+    let any = schema(None);
     assert_eq!(any["anyOf"].as_array().map(Vec::len), Some(2));
     assert_eq!(any["anyOf"][1]["properties"]["arguments"], serde_json::json!({"type": "object"}));
     // Llama's calls carry `parameters`; DeepSeek V3.1's separator cannot be forced.
