@@ -42,3 +42,14 @@ pub fn prefix_cache_dir() -> PathBuf {
         .map(|d| d.cache_dir().join("prefix"))
         .unwrap_or_else(|| PathBuf::from(".perch/cache/prefix"))
 }
+
+/// Where the CPU backend keeps models' 8-bit host copies (`model/host_matrix/store.rs`):
+/// `$PERCH_CACHE_DIR/host-copies`, else the platform cache directory's.
+pub fn host_copy_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PERCH_CACHE_DIR") {
+        return PathBuf::from(dir).join("host-copies");
+    }
+    directories::ProjectDirs::from("dev", "Perch", "Perch")
+        .map(|d| d.cache_dir().join("host-copies"))
+        .unwrap_or_else(|| PathBuf::from(".perch/cache/host-copies"))
+}

@@ -7,58 +7,9 @@
 
 mod common;
 
-use std::collections::HashMap;
-
 use common::*;
 use mlx_rs::Array;
 use perch_engine::LoadedModel;
-
-/// Copy fixture `name` with every 2-D weight whose rows are whole 32-blocks snapped to
-/// `lo + k * (hi - lo) / 255` per block.
-fn rounded_copy(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
-    let (tmp, dir) = copy_fixture(name, name);
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        let weights = path.file_name().is_some_and(|f| f.to_string_lossy().starts_with("model"));
-        if !weights || path.extension().is_none_or(|e| e != "safetensors") {
-            continue;
-        }
-        let tensors = Array::load_safetensors(&path).unwrap();
-        let mut rounded: HashMap<String, Array> = HashMap::new();
-        let mut snapped = 0;
-        for (key, a) in tensors {
-            let shape = a.shape().to_vec();
-            let eligible = key.ends_with("proj.weight")
-                && shape.len() == 2
-                && shape[1] % 32 == 0
-                && a.dtype() == mlx_rs::Dtype::Float32;
-            if !eligible {
-                rounded.insert(key, a);
-                continue;
-            }
-            let mut v = a.as_slice::<f32>().to_vec();
-            for block in v.chunks_mut(32) {
-                let lo = block.iter().copied().fold(f32::INFINITY, f32::min);
-                let hi = block.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let step = (hi - lo) / 255.0;
-                for x in block.iter_mut() {
-                    *x = lo + ((*x - lo) / step).round() * step;
-                }
-            }
-            snapped += 1;
-            rounded.insert(key, Array::from_slice(&v, &shape));
-        }
-        assert!(snapped > 0, "{name}: no projection to round in {}", path.display());
-        // The untouched tensors are read lazily from the file being replaced: read them first.
-        for a in rounded.values() {
-            a.eval().unwrap();
-        }
-        let tmp_file = path.with_extension("tmp.safetensors");
-        Array::save_safetensors(rounded, None, &tmp_file).unwrap();
-        std::fs::rename(&tmp_file, &path).unwrap();
-    }
-    (tmp, dir)
-}
 
 /// Logits of each one-token step after the prompt, feeding `tokens` in turn.
 fn step_logits(model: &LoadedModel, prompt: &[u32], tokens: &[u32]) -> Vec<Vec<f32>> {
@@ -81,8 +32,11 @@ fn step_logits(model: &LoadedModel, prompt: &[u32], tokens: &[u32]) -> Vec<Vec<f
 fn one_token_steps_on_the_host_equal_mlx_on_every_architecture() {
     let prompt: Vec<u32> = (1..40).map(|i| (i * 37) % 200 + 3).collect();
     let tokens: Vec<u32> = (0..24).map(|i| (i * 53) % 200 + 5).collect();
+    // The copies this test makes stay out of the user's cache.
+    let cache = tempfile::tempdir().unwrap();
+    std::env::set_var("PERCH_CACHE_DIR", cache.path());
     for name in ["qwen3", "llama", "qwen2", "gemma3"] {
-        let (_tmp, dir) = rounded_copy(name);
+        let (_tmp, dir) = rounded_fixture_copy(name);
         std::env::remove_var("PERCH_NO_HOST_HEAD");
         let host = perch_engine::model::load_model(&dir).unwrap();
         let with = step_logits(&host, &prompt, &tokens);

@@ -38,7 +38,6 @@ pub struct Gemma3Text {
     norm: RmsNorm,
     /// Per layer: `Some(window)` for sliding-window layers.
     windows: Vec<Option<i32>>,
-    host_head: Option<super::host_matrix::HostMatrix>,
     dims: ProjectionDims,
 }
 
@@ -109,7 +108,6 @@ pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<Gemma3Text> {
     };
     Ok(Gemma3Text {
         dims,
-        host_head: embed.host_head()?,
         embed,
         embed_scale,
         blocks,
@@ -133,7 +131,7 @@ impl Architecture for Gemma3Text {
     }
 
     fn logits(&self, h: &Array) -> Result<Array> {
-        match &self.host_head {
+        match self.embed.host() {
             Some(host) if h.shape()[1] <= HOST_HEAD_MAX_ROWS => host.forward(h),
             _ => self.embed.as_linear(h),
         }

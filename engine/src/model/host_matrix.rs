@@ -17,7 +17,10 @@
 
 use mlx_rs::Array;
 
-use crate::error::Result;
+use crate::error::{EngineError, Result};
+
+mod store;
+pub use store::HostStore;
 
 /// Whether the host path may be used at all in this process (CPU backend, not switched off).
 pub fn enabled() -> bool {
@@ -91,6 +94,29 @@ impl HostMatrix {
 
     pub fn cols(&self) -> usize {
         self.cols
+    }
+
+    /// Rows `ids` (of shape S) as values: [S.., cols] f32, each `offset + step * q`, the value
+    /// the copy was checked to reproduce. A tied embedding table is read this way, so its f32
+    /// tensor is never loaded.
+    pub fn gather(&self, ids: &Array) -> Result<Array> {
+        let ids = ids.as_dtype(mlx_rs::Dtype::Int64)?;
+        ids.eval()?;
+        let blocks = self.cols / self.block;
+        let mut out = Vec::with_capacity(ids.size() * self.cols);
+        for &id in ids.as_slice::<i64>() {
+            let row = usize::try_from(id).ok().filter(|&r| r < self.rows).ok_or_else(|| {
+                EngineError::Internal(format!("token id {id} outside the {} rows", self.rows))
+            })?;
+            let q = &self.quants[row * self.cols..(row + 1) * self.cols];
+            for (b, q) in q.chunks_exact(self.block).enumerate() {
+                let (d, m) = (self.scales[row * blocks + b], self.offsets[row * blocks + b]);
+                out.extend(q.iter().map(|&q| m + d * q as f32));
+            }
+        }
+        let mut shape = ids.shape().to_vec();
+        shape.push(self.cols as i32);
+        Ok(Array::from_slice(&out, &shape))
     }
 
     /// `h @ W.T` for `h` of shape [.., L, cols]: [.., L, rows] in `h`'s dtype. Each row of the

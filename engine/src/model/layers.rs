@@ -156,13 +156,13 @@ pub struct Projections {
 }
 
 impl Projections {
-    pub fn new(parts: Vec<Linear>, widths: Vec<i32>) -> Result<Projections> {
+    pub fn new(w: &mut Weights, parts: Vec<Linear>, widths: Vec<i32>) -> Result<Projections> {
         match Linear::stack(parts) {
             Ok(fused) => {
-                Ok(Projections { fused: Some(fused.with_host()?), separate: vec![], widths })
+                Ok(Projections { fused: Some(fused.with_host(w)?), separate: vec![], widths })
             }
             Err(parts) => {
-                let separate = parts.into_iter().map(Linear::with_host).collect::<Result<_>>()?;
+                let separate = parts.into_iter().map(|p| p.with_host(w)).collect::<Result<_>>()?;
                 Ok(Projections { fused: None, separate, widths })
             }
         }
@@ -220,9 +220,9 @@ impl Attention {
         let k = Linear::load(w, cfg, &format!("{prefix}.k_proj"), s.hidden, kv_out, s.qkv_bias)?;
         let v = Linear::load(w, cfg, &format!("{prefix}.v_proj"), s.hidden, kv_out, s.qkv_bias)?;
         Ok(Attention {
-            qkv: Projections::new(vec![q, k, v], vec![q_out, kv_out, kv_out])?,
+            qkv: Projections::new(w, vec![q, k, v], vec![q_out, kv_out, kv_out])?,
             o: Linear::load(w, cfg, &format!("{prefix}.o_proj"), q_out, s.hidden, s.out_bias)?
-                .with_host()?,
+                .with_host(w)?,
             q_norm: norm(w, "q_norm")?,
             k_norm: norm(w, "k_norm")?,
             rope,
@@ -301,9 +301,9 @@ impl Mlp {
         let gate = Linear::load(w, cfg, &format!("{prefix}.gate_proj"), hidden, inter, bias)?;
         let up = Linear::load(w, cfg, &format!("{prefix}.up_proj"), hidden, inter, bias)?;
         Ok(Mlp {
-            gate_up: Projections::new(vec![gate, up], vec![inter, inter])?,
+            gate_up: Projections::new(w, vec![gate, up], vec![inter, inter])?,
             down: Linear::load(w, cfg, &format!("{prefix}.down_proj"), inter, hidden, bias)?
-                .with_host()?,
+                .with_host(w)?,
             gelu: false,
         })
     }
@@ -388,8 +388,6 @@ pub struct DecoderStack {
     pub norm: RmsNorm,
     /// `None` when the head is tied to the embeddings.
     pub lm_head: Option<Linear>,
-    /// The tied head for one-token steps on the CPU backend.
-    pub host_head: Option<super::host_matrix::HostMatrix>,
     pub dims: ProjectionDims,
 }
 
@@ -412,7 +410,7 @@ impl DecoderStack {
     }
 
     pub fn logits(&self, h: &Array) -> Result<Array> {
-        match (&self.lm_head, &self.host_head) {
+        match (&self.lm_head, self.embed.host()) {
             (Some(head), _) => head.forward(h),
             (None, Some(host)) if h.shape()[1] <= HOST_HEAD_MAX_ROWS => host.forward(h),
             (None, _) => self.embed.as_linear(h),
@@ -515,9 +513,8 @@ impl DecoderStack {
         let lm_head = if tied {
             None
         } else {
-            Some(Linear::load(w, cfg, "lm_head", hidden, s.vocab, false)?.with_host()?)
+            Some(Linear::load(w, cfg, "lm_head", hidden, s.vocab, false)?.with_host(w)?)
         };
-        let host_head = if tied { embed.host_head()? } else { None };
         let a = &s.attention;
         let dims = ProjectionDims {
             layers: blocks.len(),
@@ -526,6 +523,6 @@ impl DecoderStack {
             kv_out: a.kv_heads * a.head_dim,
             intermediate: s.intermediate,
         };
-        Ok(DecoderStack { embed, blocks, norm, lm_head, host_head, dims })
+        Ok(DecoderStack { embed, blocks, norm, lm_head, dims })
     }
 }

@@ -4,6 +4,8 @@
 use mlx_rs::ops::{self, concatenate};
 use mlx_rs::{Array, Dtype};
 
+use std::sync::Arc;
+
 use super::host_matrix::HostMatrix;
 use super::weights::Weights;
 
@@ -24,7 +26,7 @@ pub enum Linear {
     Dense {
         weight: Array,
         bias: Option<Array>,
-        host: Option<HostMatrix>,
+        host: Option<Arc<HostMatrix>>,
     },
     Quantized {
         weight: Array,
@@ -55,10 +57,10 @@ impl Linear {
     }
 
     /// With the host copy of its weight when one is exact (CPU backend, dense weights only).
-    pub fn with_host(self) -> Result<Linear> {
+    pub fn with_host(self, w: &mut Weights) -> Result<Linear> {
         Ok(match self {
             Linear::Dense { weight, bias, host: None } => {
-                let host = HostMatrix::new(&weight)?;
+                let host = w.host_copy(&weight)?;
                 Linear::Dense { weight, bias, host }
             }
             other => other,
@@ -161,8 +163,19 @@ impl Linear {
 
 /// Token embeddings; also serves as the output projection when embeddings are tied.
 pub enum Embedding {
-    Dense(Array),
-    Quantized { weight: Array, scales: Array, biases: Array, spec: QuantSpec },
+    /// `host`: the 8-bit copy of a large table (CPU backend, `host_matrix`). Lookups and
+    /// one-token heads read it, so the f32 table, loaded lazily by MLX, is only read by what
+    /// needs it as an array (a head over many positions, training's graph).
+    Dense {
+        table: Array,
+        host: Option<Arc<HostMatrix>>,
+    },
+    Quantized {
+        weight: Array,
+        scales: Array,
+        biases: Array,
+        spec: QuantSpec,
+    },
 }
 
 impl Embedding {
@@ -177,12 +190,19 @@ impl Embedding {
             let (weight, scales, biases) = load_quantized(w, prefix, hidden, vocab, spec)?;
             return Ok(Embedding::Quantized { weight, scales, biases, spec });
         }
-        Ok(Embedding::Dense(w.take(&format!("{prefix}.weight"), &[vocab, hidden])?))
+        let table = w.take(&format!("{prefix}.weight"), &[vocab, hidden])?;
+        // Small tables (the fixtures') stay in MLX: its matmul is the better choice there.
+        let host = match table.size() >= HOST_HEAD_MIN_ELEMENTS {
+            true => w.host_copy(&table)?,
+            false => None,
+        };
+        Ok(Embedding::Dense { table, host })
     }
 
     pub fn forward(&self, ids: &Array) -> Result<Array> {
         Ok(match self {
-            Embedding::Dense(table) => table.take_axis(ids, 0)?,
+            Embedding::Dense { host: Some(host), .. } => host.gather(ids)?,
+            Embedding::Dense { table, host: None } => table.take_axis(ids, 0)?,
             Embedding::Quantized { weight, scales, biases, spec } => ops::dequantize(
                 weight.take_axis(ids, 0)?,
                 scales.take_axis(ids, 0)?,
@@ -193,22 +213,18 @@ impl Embedding {
         })
     }
 
-    /// The host copy of a large dense table for one-token steps on the CPU backend (see
-    /// `host_matrix`); `None` where MLX's own matmul is the better choice. Small tables (the
-    /// fixtures') stay in MLX.
-    pub fn host_head(&self) -> Result<Option<HostMatrix>> {
+    /// The host copy of the table, when it has one.
+    pub fn host(&self) -> Option<&HostMatrix> {
         match self {
-            Embedding::Dense(table) if table.size() >= HOST_HEAD_MIN_ELEMENTS => {
-                HostMatrix::new(table)
-            }
-            _ => Ok(None),
+            Embedding::Dense { host, .. } => host.as_deref(),
+            Embedding::Quantized { .. } => None,
         }
     }
 
-    /// `x @ table.T`: the tied language-model head.
+    /// `x @ table.T`: the tied language-model head, through MLX.
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
         Ok(match self {
-            Embedding::Dense(table) => x.matmul(table.t())?,
+            Embedding::Dense { table, .. } => x.matmul(table.t())?,
             Embedding::Quantized { weight, scales, biases, spec } => {
                 ops::quantized_matmul(x, weight, scales, biases, true, spec.group_size, spec.bits)?
             }

@@ -193,6 +193,16 @@ pub struct LoadedModel {
     /// The LoRA adapter the current generation applies (set per request by its task on the
     /// MLX thread, `None` for the base model).
     pub adapter: Option<Lora>,
+    /// Host copies this load recovered from f32 weights and read from the store (CPU backend;
+    /// `model/host_matrix/store.rs`).
+    pub host_copies: HostCopyCounts,
+}
+
+/// How a load came by its host copies.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct HostCopyCounts {
+    pub recovered: usize,
+    pub reused: usize,
 }
 
 impl LoadedModel {
@@ -272,6 +282,8 @@ pub fn load_model_as(dir: &Path, dtype: ComputeDtype) -> Result<LoadedModel> {
         });
     }
     let tokenizer = std::sync::Arc::new(Tokenizer::load(dir, &cfg.token_ids("eos_token_id"))?);
+    let compute_dtype = weights.compute_dtype();
+    let (recovered, reused) = weights.save_host_copies();
     let id = dir.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
     Ok(LoadedModel {
         id,
@@ -279,10 +291,11 @@ pub fn load_model_as(dir: &Path, dtype: ComputeDtype) -> Result<LoadedModel> {
         architecture,
         vocab_size: cfg.int("vocab_size")? as usize,
         context_length: cfg.int_or("max_position_embeddings", 4096)? as usize,
-        compute_dtype: weights.compute_dtype(),
+        compute_dtype,
         net,
         mtp,
         tokenizer,
         adapter: None,
+        host_copies: HostCopyCounts { recovered, reused },
     })
 }

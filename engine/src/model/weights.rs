@@ -4,9 +4,11 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use mlx_rs::{Array, Dtype};
 
+use super::host_matrix::{HostMatrix, HostStore};
 use crate::error::{EngineError, Result};
 use crate::platform::ComputeDtype;
 
@@ -16,6 +18,8 @@ pub struct Weights {
     dir: PathBuf,
     /// Dtype to widen floating-point tensors to (see `platform::ComputeDtype`).
     compute_dtype: Dtype,
+    /// The 8-bit host copies this load reads or makes (CPU backend).
+    host: HostStore,
 }
 
 impl Weights {
@@ -23,9 +27,9 @@ impl Weights {
     pub fn load(dir: &Path, dtype: ComputeDtype) -> Result<Weights> {
         let files = weight_files(dir)?;
         let mut tensors = HashMap::new();
-        for file in files {
-            check_header(&file)?;
-            let arrays = Array::load_safetensors(&file)
+        for file in &files {
+            check_header(file)?;
+            let arrays = Array::load_safetensors(file)
                 .map_err(|e| EngineError::BadWeights { file: file.clone(), msg: e.to_string() })?;
             for (name, array) in arrays {
                 tensors.insert(name, (array, file.clone()));
@@ -36,7 +40,21 @@ impl Weights {
             .map(|(a, _)| a.dtype())
             .find(|d| matches!(d, Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32))
             .unwrap_or(Dtype::Float32);
-        Ok(Weights { tensors, dir: dir.to_path_buf(), compute_dtype: dtype.resolve(file_dtype) })
+        let compute_dtype = dtype.resolve(file_dtype);
+        let host = HostStore::open(dir, &files, compute_dtype);
+        Ok(Weights { tensors, dir: dir.to_path_buf(), compute_dtype, host })
+    }
+
+    /// The host copy of a loaded weight, from the store's file or recovered now.
+    pub fn host_copy(&mut self, weight: &Array) -> Result<Option<Arc<HostMatrix>>> {
+        self.host.copy_of(weight)
+    }
+
+    /// Keep this load's host copies on disk for the next; returns (recovered, reused).
+    pub fn save_host_copies(self) -> (usize, usize) {
+        let counts = (self.host.built, self.host.reused);
+        self.host.save();
+        counts
     }
 
     pub fn compute_dtype(&self) -> Dtype {

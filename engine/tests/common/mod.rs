@@ -244,3 +244,51 @@ pub fn own_gap(model: &LoadedModel, context: &[u32], other: u32) -> f32 {
     let best = last.iter().fold(f32::MIN, |m, &x| m.max(x));
     best - last[other as usize]
 }
+
+/// Copy fixture `name` with every 2-D projection weight whose rows are whole 32-blocks snapped to
+/// `lo + k * (hi - lo) / 255` per block.
+pub fn rounded_fixture_copy(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let (tmp, dir) = copy_fixture(name, name);
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let weights = path.file_name().is_some_and(|f| f.to_string_lossy().starts_with("model"));
+        if !weights || path.extension().is_none_or(|e| e != "safetensors") {
+            continue;
+        }
+        let tensors = Array::load_safetensors(&path).unwrap();
+        let mut rounded: std::collections::HashMap<String, Array> =
+            std::collections::HashMap::new();
+        let mut snapped = 0;
+        for (key, a) in tensors {
+            let shape = a.shape().to_vec();
+            let eligible = key.ends_with("proj.weight")
+                && shape.len() == 2
+                && shape[1] % 32 == 0
+                && a.dtype() == mlx_rs::Dtype::Float32;
+            if !eligible {
+                rounded.insert(key, a);
+                continue;
+            }
+            let mut v = a.as_slice::<f32>().to_vec();
+            for block in v.chunks_mut(32) {
+                let lo = block.iter().copied().fold(f32::INFINITY, f32::min);
+                let hi = block.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let step = (hi - lo) / 255.0;
+                for x in block.iter_mut() {
+                    *x = lo + ((*x - lo) / step).round() * step;
+                }
+            }
+            snapped += 1;
+            rounded.insert(key, Array::from_slice(&v, &shape));
+        }
+        assert!(snapped > 0, "{name}: no projection to round in {}", path.display());
+        // The untouched tensors are read lazily from the file being replaced: read them first.
+        for a in rounded.values() {
+            a.eval().unwrap();
+        }
+        let tmp_file = path.with_extension("tmp.safetensors");
+        Array::save_safetensors(rounded, None, &tmp_file).unwrap();
+        std::fs::rename(&tmp_file, &path).unwrap();
+    }
+    (tmp, dir)
+}

@@ -55,6 +55,21 @@ fn q8_q4k_and_q6k_shaped_matrices_are_exact() {
 }
 
 #[test]
+fn rows_read_from_the_copy_are_the_table_rows() {
+    let (rows, cols) = (500, 64);
+    let data = quantized(rows, cols, 32, 16, true);
+    let table = Array::from_slice(&data, &[rows as i32, cols as i32]);
+    let host = HostMatrix::new(&table).unwrap().unwrap();
+    let ids = Array::from_slice(&[3u32, 499, 0, 3, 250, 17], &[2, 3]);
+    let got = host.gather(&ids).unwrap();
+    let want = table.take_axis(&ids, 0).unwrap();
+    assert_eq!(got.shape(), [2, 3, 64]);
+    assert_close(&got, &want, "gathered rows");
+    // An id past the table is an error, not a read out of bounds.
+    assert!(host.gather(&Array::from_slice(&[500u32], &[1])).is_err());
+}
+
+#[test]
 fn a_matrix_that_is_not_exact_keeps_mlx() {
     let data: Vec<f32> =
         (0..256 * 256).map(|i| ((i * 2654435761usize) % 1000) as f32 / 997.0 - 0.5).collect();

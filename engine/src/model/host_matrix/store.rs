@@ -1,0 +1,333 @@
+//! A model's host copies kept on disk (issue 19), so that later loads read them instead of
+//! recovering them from the f32 weights (seconds per load) and never read the f32 weights
+//! that only decode steps use (the tied embedding table, served from its copy).
+//!
+//! One file per model directory in `paths::host_copy_dir()`, named by a digest of the
+//! directory's path and one of what the copies were made from (each weight file's path, size
+//! and modification time, the compute dtype, this format's version): a re-import gets a new
+//! file and the old one is removed when the new one is written. A file is `PERCHHC1`, the
+//! header's and the data's lengths (u64 LE), the SHA-256 of header and data, a JSON header
+//! (that key; each matrix the load asked about, in load order, with its shape and block or
+//! none), then per copy its bytes, steps and offsets (f32 LE). Written under a temporary name
+//! and renamed. A file that is not such a file, holds another key, fails its checksum or does
+//! not match the matrices the load asks for is ignored and replaced: never trusted, never
+//! fatal, never read past its own length.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use mlx_rs::{Array, Dtype};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::HostMatrix;
+use crate::error::Result;
+
+const MAGIC: &[u8; 8] = b"PERCHHC1";
+/// Magic, two lengths, checksum.
+const PREAMBLE: u64 = 8 + 8 + 8 + 32;
+const MAX_HEADER: u64 = 16 << 20;
+
+#[derive(Serialize, Deserialize, Clone, Copy, PartialEq, Debug)]
+struct Shape {
+    rows: usize,
+    cols: usize,
+    /// The copy's block width; `None` for a matrix with no exact copy.
+    block: Option<usize>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    key: String,
+    /// The model directory, so files of directories since removed can be found and removed.
+    dir: PathBuf,
+    matrices: Vec<Shape>,
+}
+
+/// What one load asked for and where each answer came from.
+pub struct HostStore {
+    /// The file for this model; `None` when the host path is off.
+    path: Option<PathBuf>,
+    dir: PathBuf,
+    key: String,
+    /// The file's copies not yet handed out, in load order; `None` once the file is found
+    /// not to match (or there was none).
+    cached: Option<std::vec::IntoIter<(Shape, Option<Arc<HostMatrix>>)>>,
+    used: Vec<(Shape, Option<Arc<HostMatrix>>)>,
+    /// How many answers were recovered from f32 weights in this load.
+    pub built: usize,
+    /// How many came from the file.
+    pub reused: usize,
+}
+
+impl HostStore {
+    /// The store for a model made of `files` computing in `dtype`, with its file read and
+    /// checked when there is one.
+    pub fn open(dir: &Path, files: &[PathBuf], dtype: Dtype) -> HostStore {
+        let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+        let mut store = HostStore {
+            path: None,
+            dir,
+            key: String::new(),
+            cached: None,
+            used: vec![],
+            built: 0,
+            reused: 0,
+        };
+        if !super::enabled() {
+            return store;
+        }
+        let mut id = Sha256::new();
+        id.update(format!("{MAGIC:?} {dtype:?}"));
+        for f in files {
+            let meta = std::fs::metadata(f).ok();
+            let mtime = meta
+                .as_ref()
+                .and_then(|m| m.modified().ok())
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos());
+            let canonical = f.canonicalize().unwrap_or_else(|_| f.clone());
+            id.update(format!("\n{} {} {mtime}", canonical.display(), meta.map_or(0, |m| m.len())));
+        }
+        store.key = hex(&id.finalize()[..16]);
+        let path = crate::paths::host_copy_dir().join(format!(
+            "{}-{}.bin",
+            dir_tag(&store.dir),
+            store.key
+        ));
+        match read(&path, &store.key) {
+            Ok(entries) => store.cached = Some(entries.into_iter()),
+            Err(Missing) => {}
+            Err(Bad(why)) => {
+                tracing::warn!(path = %path.display(), why, "host copies: ignoring a bad file");
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+        store.path = Some(path);
+        store
+    }
+
+    /// The host copy of `weight` ([rows, cols]): the file's when it has the one this load
+    /// asks for next, else recovered from the weight (`HostMatrix::new`).
+    pub fn copy_of(&mut self, weight: &Array) -> Result<Option<Arc<HostMatrix>>> {
+        if self.path.is_none() || weight.ndim() != 2 {
+            return Ok(None);
+        }
+        let (rows, cols) = (weight.shape()[0] as usize, weight.shape()[1] as usize);
+        if let Some(cached) = &mut self.cached {
+            match cached.next() {
+                Some((shape, copy)) if (shape.rows, shape.cols) == (rows, cols) => {
+                    self.reused += 1;
+                    self.used.push((shape, copy.clone()));
+                    return Ok(copy);
+                }
+                _ => {
+                    tracing::warn!("host copies: the file does not match this model's matrices");
+                    self.cached = None;
+                }
+            }
+        }
+        let copy = HostMatrix::new(weight)?.map(Arc::new);
+        self.built += 1;
+        let block = copy.as_ref().map(|m| m.block);
+        self.used.push((Shape { rows, cols, block }, copy.clone()));
+        Ok(copy)
+    }
+
+    /// Write this load's copies when any were recovered here (or the file had more than
+    /// the load asked for) and at least one exists; a failed write is logged, not fatal.
+    pub fn save(mut self) {
+        let Some(path) = self.path.take() else { return };
+        let stale = self.cached.as_mut().is_some_and(|c| c.next().is_some());
+        if (self.built == 0 && !stale) || self.used.iter().all(|(_, c)| c.is_none()) {
+            return;
+        }
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let written = std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))
+            .and_then(|_| write(&tmp, &self.key, &self.dir, &self.used))
+            .and_then(|_| std::fs::rename(&tmp, &path));
+        match written {
+            Ok(()) => prune(&path),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "host copies: cannot write");
+                let _ = std::fs::remove_file(&tmp);
+            }
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The part of a file's name that says which model directory it belongs to.
+fn dir_tag(dir: &Path) -> String {
+    hex(&Sha256::digest(dir.to_string_lossy().as_bytes())[..8])
+}
+
+/// After writing `path`: remove the files of the same model directory made from other
+/// weights, those of model directories that no longer exist (a re-import elsewhere, a
+/// test's temporary copy), and anything that is not a host-copy file. Temporary files are
+/// left to their writers for an hour.
+fn prune(path: &Path) {
+    let (Some(store), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str()))
+    else {
+        return;
+    };
+    let tag = name.split('-').next().unwrap_or(name);
+    for entry in std::fs::read_dir(store).into_iter().flatten().flatten() {
+        let other = entry.file_name().to_string_lossy().to_string();
+        let recent = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().is_ok_and(|age| age.as_secs() < 3600));
+        let remove = if other == name {
+            false
+        } else if other.starts_with(&format!("{tag}-")) {
+            true
+        } else if other.contains(".tmp") {
+            !recent
+        } else {
+            read_header(&entry.path()).is_none_or(|h| !h.dir.exists())
+        };
+        if remove {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// A file's header alone (no checksum: only used to find files to remove).
+fn read_header(path: &Path) -> Option<Header> {
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut pre = [0u8; PREAMBLE as usize];
+    f.read_exact(&mut pre).ok()?;
+    let hlen = u64::from_le_bytes(pre[8..16].try_into().ok()?);
+    if &pre[..8] != MAGIC || hlen > MAX_HEADER {
+        return None;
+    }
+    let mut header = vec![0u8; hlen as usize];
+    f.read_exact(&mut header).ok()?;
+    serde_json::from_slice(&header).ok()
+}
+
+fn write(
+    path: &Path,
+    key: &str,
+    dir: &Path,
+    used: &[(Shape, Option<Arc<HostMatrix>>)],
+) -> std::io::Result<()> {
+    let matrices = used.iter().map(|(s, _)| *s).collect();
+    let header = Header { key: key.to_string(), dir: dir.to_path_buf(), matrices };
+    let header = serde_json::to_vec(&header).map_err(std::io::Error::other)?;
+    let data_len: usize = used.iter().flat_map(|(_, c)| c).map(|m| data_bytes(m)).sum();
+    let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
+    let mut sum = Sha256::new();
+    f.write_all(MAGIC)?;
+    f.write_all(&(header.len() as u64).to_le_bytes())?;
+    f.write_all(&(data_len as u64).to_le_bytes())?;
+    f.write_all(&[0u8; 32])?; // the checksum, written last
+    let mut put = |bytes: &[u8]| -> std::io::Result<()> {
+        sum.update(bytes);
+        f.write_all(bytes)
+    };
+    put(&header)?;
+    for m in used.iter().flat_map(|(_, c)| c) {
+        put(&m.quants)?;
+        for floats in [&m.scales, &m.offsets] {
+            for chunk in floats.chunks(1 << 14) {
+                put(&chunk.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?;
+            }
+        }
+    }
+    let mut f = f.into_inner().map_err(|e| e.into_error())?;
+    f.seek(SeekFrom::Start(24))?;
+    f.write_all(&sum.finalize())?;
+    f.sync_all()
+}
+
+/// A copy's bytes in the file: one per weight, then two f32 per block.
+fn data_bytes(m: &HostMatrix) -> usize {
+    m.quants.len() + 8 * m.scales.len()
+}
+
+enum ReadError {
+    Missing,
+    Bad(&'static str),
+}
+use ReadError::{Bad, Missing};
+
+type Entries = Vec<(Shape, Option<Arc<HostMatrix>>)>;
+
+/// Read and check a whole file; every way it can be wrong is an error, never a panic, and
+/// nothing larger than the file itself is allocated.
+fn read(path: &Path, key: &str) -> std::result::Result<Entries, ReadError> {
+    let mut f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Missing),
+        Err(_) => return Err(Bad("unreadable")),
+    };
+    let size = f.metadata().map_err(|_| Bad("unreadable"))?.len();
+    let mut pre = [0u8; PREAMBLE as usize];
+    f.read_exact(&mut pre).map_err(|_| Bad("truncated"))?;
+    if &pre[..8] != MAGIC {
+        return Err(Bad("not a host-copy file"));
+    }
+    let word = |at: usize| u64::from_le_bytes(pre[at..at + 8].try_into().unwrap_or([0; 8]));
+    let (hlen, dlen) = (word(8), word(16));
+    if hlen > MAX_HEADER
+        || PREAMBLE.checked_add(hlen).and_then(|n| n.checked_add(dlen)) != Some(size)
+    {
+        return Err(Bad("truncated or padded"));
+    }
+    let mut sum = Sha256::new();
+    let mut take = |n: usize| -> std::result::Result<Vec<u8>, ReadError> {
+        let mut buf = vec![0u8; n];
+        f.read_exact(&mut buf).map_err(|_| Bad("truncated"))?;
+        sum.update(&buf);
+        Ok(buf)
+    };
+    let header: Header =
+        serde_json::from_slice(&take(hlen as usize)?).map_err(|_| Bad("bad header"))?;
+    if header.key != key {
+        return Err(Bad("made from other weights"));
+    }
+    // Every size checked against the data's length before anything is allocated.
+    let mut expected = 0u64;
+    for s in &header.matrices {
+        let Some(block) = s.block else { continue };
+        let n = s.rows.checked_mul(s.cols).ok_or(Bad("bad shape"))?;
+        if !matches!(block, 16 | 32) || s.cols % block != 0 || n == 0 {
+            return Err(Bad("bad shape"));
+        }
+        expected = expected.saturating_add(n as u64 + 8 * (n / block) as u64);
+    }
+    if expected != dlen {
+        return Err(Bad("data length does not match the header"));
+    }
+    let mut entries = Vec::with_capacity(header.matrices.len());
+    for s in header.matrices {
+        let Some(block) = s.block else {
+            entries.push((s, None));
+            continue;
+        };
+        let n = s.rows * s.cols;
+        let quants = take(n)?;
+        let mut floats = || -> std::result::Result<Vec<f32>, ReadError> {
+            let raw = take(4 * (n / block))?;
+            let v: Vec<f32> =
+                raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            match v.iter().all(|x| x.is_finite()) {
+                true => Ok(v),
+                false => Err(Bad("non-finite scale")),
+            }
+        };
+        let (scales, offsets) = (floats()?, floats()?);
+        let m = HostMatrix { rows: s.rows, cols: s.cols, block, quants, scales, offsets };
+        entries.push((s, Some(Arc::new(m))));
+    }
+    if sum.finalize()[..] != pre[24..56] {
+        return Err(Bad("checksum mismatch"));
+    }
+    Ok(entries)
+}
