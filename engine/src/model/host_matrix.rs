@@ -27,6 +27,19 @@ pub fn enabled() -> bool {
     !cfg!(target_os = "macos") && std::env::var_os("PERCH_NO_HOST_HEAD").is_none()
 }
 
+/// The threads products run on: one per core, up to 8.
+fn pool() -> &'static rayon::ThreadPool {
+    static POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        let n = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 8);
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .thread_name(|i| format!("perch-host-{i}"))
+            .build()
+            .expect("a thread pool for host products")
+    })
+}
+
 /// Products of fewer weights than this run on the calling thread.
 const SMALL: usize = 1 << 18;
 
@@ -123,46 +136,48 @@ impl HostMatrix {
     /// matrix is read once for all L vectors.
     pub fn forward(&self, h: &Array) -> Result<Array> {
         let mut shape = h.shape().to_vec();
-        let l = h.size() / self.cols;
         let x = h.as_dtype(mlx_rs::Dtype::Float32)?;
         x.eval()?;
-        let x = x.as_slice::<f32>();
+        let out = self.product(x.as_slice::<f32>());
+        *shape.last_mut().unwrap() = self.rows as i32;
+        Ok(Array::from_slice(&out, &shape).as_dtype(h.dtype())?)
+    }
+
+    /// `x @ W.T` for L vectors of `cols` values side by side: L vectors of `rows` values.
+    pub fn product(&self, x: &[f32]) -> Vec<f32> {
+        let l = x.len() / self.cols;
         // Per vector and block: the sum of its values (the offsets' share of each dot).
         let sums: Vec<f32> = x.chunks_exact(self.block).map(|c| c.iter().sum()).collect();
-        // Starting a thread costs more than a small product saves.
+        // Handing work to the pool costs more than a small product saves.
         let threads = match self.rows * self.cols * l {
             n if n < SMALL => 1,
-            _ => std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 8),
+            _ => pool().current_num_threads(),
         };
-        let per = self.rows.div_ceil(threads);
-        // Each thread fills [its rows, L]; transposed to [L, rows] below.
-        let mut parts = vec![Vec::new(); self.rows.div_ceil(per)];
+        // [rows, L]: each worker fills whole rows; transposed to [L, rows] below when L > 1.
+        let mut out = vec![0f32; self.rows * l];
         if threads == 1 {
-            parts[0] = vec![0f32; self.rows * l];
-            self.rows_into(0, &mut parts[0], x, &sums, l);
+            self.rows_into(0, &mut out, x, &sums, l);
         } else {
-            std::thread::scope(|s| {
-                for (t, part) in parts.iter_mut().enumerate() {
-                    let first = t * per;
-                    let n = per.min(self.rows - first);
-                    let (x, sums) = (&x, &sums);
-                    s.spawn(move || {
-                        *part = vec![0f32; n * l];
-                        self.rows_into(first, part, x, sums, l);
-                    });
+            let per = self.rows.div_ceil(threads);
+            let sums = &sums;
+            // The pool's threads stay up between products: starting threads for each one
+            // cost more than the small products take.
+            pool().scope(|s| {
+                for (t, part) in out.chunks_mut(per * l).enumerate() {
+                    s.spawn(move |_| self.rows_into(t * per, part, x, sums, l));
                 }
             });
         }
-        let mut out = vec![0f32; self.rows * l];
-        for (t, part) in parts.iter().enumerate() {
-            for (i, values) in part.chunks_exact(l).enumerate() {
-                for (j, v) in values.iter().enumerate() {
-                    out[j * self.rows + t * per + i] = *v;
-                }
+        if l == 1 {
+            return out;
+        }
+        let mut t = vec![0f32; self.rows * l];
+        for (i, values) in out.chunks_exact(l).enumerate() {
+            for (j, v) in values.iter().enumerate() {
+                t[j * self.rows + i] = *v;
             }
         }
-        *shape.last_mut().unwrap() = self.rows as i32;
-        Ok(Array::from_slice(&out, &shape).as_dtype(h.dtype())?)
+        t
     }
 
     fn rows_into(&self, first: usize, out: &mut [f32], x: &[f32], sums: &[f32], l: usize) {

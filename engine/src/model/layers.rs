@@ -4,8 +4,9 @@
 
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::Array;
+use mlx_rs::{Array, Dtype};
 
+use super::host_matrix::HostMatrix;
 use super::linear::{Embedding, Linear};
 use super::weights::Weights;
 use super::ModelConfig;
@@ -168,6 +169,11 @@ impl Projections {
         }
     }
 
+    /// The fused layer's host copy, when it has one and no bias.
+    fn host_only(&self) -> Option<&HostMatrix> {
+        self.fused.as_ref().and_then(Linear::host_only)
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Vec<Array>> {
         let Some(fused) = &self.fused else {
             return self.separate.iter().map(|p| p.forward(x)).collect();
@@ -319,6 +325,13 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Array, lora: Option<&LayerLora>) -> Result<Array> {
+        if let (None, Some(gate_up), Some(down)) =
+            (lora, self.gate_up.host_only(), self.down.host_only())
+        {
+            if x.size() == gate_up.cols() {
+                return self.forward_host(x, gate_up, down);
+            }
+        }
         let mut gu = self.gate_up.forward(x)?.into_iter();
         let (mut gate, mut up) = (gu.next().unwrap(), gu.next().unwrap());
         if let Some(l) = lora {
@@ -333,6 +346,29 @@ impl Mlp {
             None => self.down.forward(&h),
         }
     }
+}
+
+impl Mlp {
+    /// One vector through the whole MLP on the host (CPU backend, decode steps): one hand-over
+    /// from MLX and back instead of two, and no MLX operations between the products.
+    fn forward_host(&self, x: &Array, gate_up: &HostMatrix, down: &HostMatrix) -> Result<Array> {
+        let xs = x.as_dtype(Dtype::Float32)?;
+        xs.eval()?;
+        let gu = gate_up.product(xs.as_slice::<f32>());
+        let (gate, up) = gu.split_at(gu.len() / 2);
+        let h: Vec<f32> = match self.gelu {
+            true => gate.iter().zip(up).map(|(&g, &u)| gelu_tanh(g) * u).collect(),
+            false => gate.iter().zip(up).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u).collect(),
+        };
+        let y = down.product(&h);
+        Ok(Array::from_slice(&y, x.shape()).as_dtype(x.dtype())?)
+    }
+}
+
+/// GELU with the tanh approximation, as `nn::gelu_approximate` computes it.
+fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())
 }
 
 /// The pre-norm decoder block of the Llama family:

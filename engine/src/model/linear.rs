@@ -67,6 +67,14 @@ impl Linear {
         })
     }
 
+    /// The host copy, when this layer has one and no bias (the whole product is the copy's).
+    pub fn host_only(&self) -> Option<&HostMatrix> {
+        match self {
+            Linear::Dense { host: Some(h), bias: None, .. } => Some(h),
+            _ => None,
+        }
+    }
+
     /// One layer computing all of `parts` (same input, outputs side by side): one matmul
     /// instead of several. Per-operation overhead, not bandwidth, dominates small layers on
     /// the CPU backend. Returns the parts unchanged when they cannot be stacked.
