@@ -143,7 +143,10 @@ impl HostStore {
         if (self.built == 0 && !stale) || self.used.iter().all(|(_, c)| c.is_none()) {
             return;
         }
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        // Unique per save: two loads of one model in one process may save at once.
+        static SAVES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
         let written = std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))
             .and_then(|_| write(&tmp, &self.key, &self.dir, &self.used))
             .and_then(|_| std::fs::rename(&tmp, &path));
