@@ -35,21 +35,21 @@ pub fn log_dir() -> PathBuf {
 /// platform cache directory's (`~/Library/Caches/dev.Perch.Perch/prefix` on macOS,
 /// `~/.cache/perch/prefix` on Linux).
 pub fn prefix_cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("PERCH_CACHE_DIR") {
-        return PathBuf::from(dir).join("prefix");
-    }
-    directories::ProjectDirs::from("dev", "Perch", "Perch")
-        .map(|d| d.cache_dir().join("prefix"))
-        .unwrap_or_else(|| PathBuf::from(".perch/cache/prefix"))
+    cache_subdir("prefix")
 }
 
 /// Where the CPU backend keeps models' 8-bit host copies (`model/host_matrix/store.rs`):
 /// `$PERCH_CACHE_DIR/host-copies`, else the platform cache directory's.
 pub fn host_copy_dir() -> PathBuf {
+    cache_subdir("host-copies")
+}
+
+/// `name` under `$PERCH_CACHE_DIR`, else under the platform cache directory.
+fn cache_subdir(name: &str) -> PathBuf {
     if let Some(dir) = std::env::var_os("PERCH_CACHE_DIR") {
-        return PathBuf::from(dir).join("host-copies");
+        return PathBuf::from(dir).join(name);
     }
     directories::ProjectDirs::from("dev", "Perch", "Perch")
-        .map(|d| d.cache_dir().join("host-copies"))
-        .unwrap_or_else(|| PathBuf::from(".perch/cache/host-copies"))
+        .map(|d| d.cache_dir().join(name))
+        .unwrap_or_else(|| PathBuf::from(".perch/cache").join(name))
 }
