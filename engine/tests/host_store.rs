@@ -77,8 +77,10 @@ fn a_second_load_reads_the_copies_and_a_bad_file_is_replaced() {
     // Weights rewritten since (a re-import): a new key; the old file is removed.
     let weights = dir.join("model.safetensors");
     let data = std::fs::read(&weights).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(20));
     std::fs::write(&weights, data).unwrap();
+    // An explicit time: a filesystem's clock granularity must not decide whether it changed.
+    let then = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+    std::fs::File::options().write(true).open(&weights).unwrap().set_modified(then).unwrap();
     again("weights rewritten", rebuilt);
     let now = files(&store);
     assert_eq!(now.len(), 1, "{now:?}");

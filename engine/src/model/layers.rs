@@ -346,9 +346,7 @@ impl Mlp {
             None => self.down.forward(&h),
         }
     }
-}
 
-impl Mlp {
     /// One vector through the whole MLP on the host (CPU backend, decode steps): one hand-over
     /// from MLX and back instead of two, and no MLX operations between the products.
     fn forward_host(&self, x: &Array, gate_up: &HostMatrix, down: &HostMatrix) -> Result<Array> {
