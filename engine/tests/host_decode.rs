@@ -1,35 +1,80 @@
-//! The CPU backend's host path for one-token steps (issue 19, `model/host_matrix.rs`) against
-//! MLX's f32 matmuls on the same weights. The fixtures' random weights have no exact 8-bit
-//! copy, so each fixture is copied with its projection matrices rounded to an 8-bit affine
-//! grid per block of 32 (as GGUF imports are); then every decode step's logits with the host
-//! path must equal those with it switched off (`PERCH_NO_HOST_HEAD`) up to summation order.
+//! The CPU backend's host path (issue 19, `model/host_matrix.rs`): a prefill's products of
+//! many vectors (sgemm over widened bands) and one-token steps, against MLX's f32 matmuls on
+//! the same weights. The fixtures' random weights have no exact 8-bit copy, so each fixture is
+//! copied with its projection matrices rounded to an 8-bit affine grid per block of 32 (as GGUF
+//! imports are); then the prefill's and every decode step's logits with the host path must
+//! equal those with it switched off (`PERCH_NO_HOST_HEAD`) up to summation order.
 //! One test in its own binary: it sets the switch for the process.
 
 mod common;
 
 use common::*;
+use mlx_rs::transforms::value_and_grad_with_argnums;
 use mlx_rs::Array;
+use perch_engine::train::trainer::masked_loss;
 use perch_engine::LoadedModel;
 
-/// Logits of each one-token step after the prompt, feeding `tokens` in turn.
+/// The prompt's logits at every position (one prefill: many vectors per product), then the
+/// logits of each one-token step after it, feeding `tokens` in turn.
 fn step_logits(model: &LoadedModel, prompt: &[u32], tokens: &[u32]) -> Vec<Vec<f32>> {
     let mut caches = model.net.new_caches();
+    let values = |l: Array| {
+        let l = l.as_dtype(mlx_rs::Dtype::Float32).unwrap();
+        l.eval().unwrap();
+        l.as_slice::<f32>().to_vec()
+    };
     let p = Array::from_slice(prompt, &[1, prompt.len() as i32]);
-    model.net.forward(&p, &mut caches).unwrap().eval().unwrap();
-    tokens
+    let prefill = values(model.net.forward(&p, &mut caches).unwrap());
+    let vocab = prefill.len() / prompt.len();
+    let mut out: Vec<Vec<f32>> = prefill.chunks(vocab).map(<[f32]>::to_vec).collect();
+    out.extend(tokens.iter().map(|&t| {
+        values(model.net.forward(&Array::from_slice(&[t], &[1, 1]), &mut caches).unwrap())
+    }));
+    out
+}
+
+/// Gradients of training's loss over `ids` for a rank-2 adapter on every projection.
+fn lora_grads(model: &LoadedModel, ids: &[u32]) -> Vec<Vec<f32>> {
+    use perch_engine::model::lora::{Lora, LoraSpec};
+    let dims = model.net.projection_dims();
+    let targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+    let spec = LoraSpec {
+        rank: 2,
+        alpha: 4.0,
+        targets: targets.iter().map(|t| t.to_string()).collect(),
+        layers: None,
+    };
+    let slots = spec.slots(&dims).unwrap();
+    // Both factors nonzero (B starts at zero), so every factor has a gradient.
+    let params: Vec<Array> = Lora::init_params(&spec, &dims, &slots, 1)
+        .unwrap()
+        .into_iter()
+        .map(|p| p.add(Array::from_f32(0.01)).unwrap())
+        .collect();
+    let ids: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
+    let l = ids.len() as i32 - 1;
+    let inputs = Array::from_slice(&ids[..ids.len() - 1], &[1, l]);
+    let targets = Array::from_slice(&ids[1..], &[1, l]);
+    let mask = Array::ones::<f32>(&[1, l]).unwrap();
+    let f = |p: &[Array]| -> Result<Vec<Array>, mlx_rs::error::Exception> {
+        let lora = Lora::from_params(&spec, &dims, &slots, p);
+        let loss = masked_loss(model.net.as_ref(), Some(&lora), &inputs, &targets, &mask);
+        Ok(vec![loss.map_err(|e| mlx_rs::error::Exception::custom(e.to_string()))?])
+    };
+    let argnums: Vec<i32> = (0..params.len() as i32).collect();
+    let (_, grads) = value_and_grad_with_argnums(f, &argnums[..])(&params).unwrap();
+    grads
         .iter()
-        .map(|&t| {
-            let x = Array::from_slice(&[t], &[1, 1]);
-            let l = model.net.forward(&x, &mut caches).unwrap();
-            let l = l.as_dtype(mlx_rs::Dtype::Float32).unwrap();
-            l.eval().unwrap();
-            l.as_slice::<f32>().to_vec()
+        .map(|g| {
+            let g = g.flatten(None, None).unwrap();
+            g.eval().unwrap();
+            g.as_slice::<f32>().to_vec()
         })
         .collect()
 }
 
 #[test]
-fn one_token_steps_on_the_host_equal_mlx_on_every_architecture() {
+fn the_host_path_equals_mlx_on_every_architecture() {
     let prompt: Vec<u32> = (1..40).map(|i| (i * 37) % 200 + 3).collect();
     let tokens: Vec<u32> = (0..24).map(|i| (i * 53) % 200 + 5).collect();
     // The copies this test makes stay out of the user's cache.
@@ -37,23 +82,62 @@ fn one_token_steps_on_the_host_equal_mlx_on_every_architecture() {
     std::env::set_var("PERCH_CACHE_DIR", cache.path());
     for name in ["qwen3", "llama", "qwen2", "gemma3"] {
         let (_tmp, dir) = rounded_fixture_copy(name);
-        std::env::remove_var("PERCH_NO_HOST_HEAD");
-        let host = perch_engine::model::load_model(&dir).unwrap();
-        let with = step_logits(&host, &prompt, &tokens);
-        drop(host);
         std::env::set_var("PERCH_NO_HOST_HEAD", "1");
         let mlx = perch_engine::model::load_model(&dir).unwrap();
         let without = step_logits(&mlx, &prompt, &tokens);
+        let grads_mlx = lora_grads(&mlx, &prompt);
+        drop(mlx);
         std::env::remove_var("PERCH_NO_HOST_HEAD");
-        let (mut worst, mut differs) = (0f32, false);
-        for (a, b) in with.iter().zip(&without) {
-            worst = worst.max(relative_error(a, b));
-            differs |= a != b;
+        // Training builds MLX graphs even where copies exist: same gradients both ways. (This
+        // first load with the path on also makes the copies and keeps them on disk.)
+        let host = perch_engine::model::load_model(&dir).unwrap();
+        let grads_host = lora_grads(&host, &prompt);
+        drop(host);
+        let worst = grads_host.iter().zip(&grads_mlx).map(|(a, b)| relative_error(a, b));
+        let worst = worst.fold(0f32, f32::max);
+        eprintln!("{name}: LoRA gradients with copies vs without, worst {worst:.2e}");
+        assert!(worst < 1e-4, "{name}: training's gradients changed with the copies: {worst:.2e}");
+        // A load that reads its copies from disk never reads the projections' f32 weights,
+        // which MLX loads lazily: after one step has read every other tensor, the weight files
+        // are overwritten in place, and the prefill and steps must not notice.
+        let host = perch_engine::model::load_model(&dir).unwrap();
+        assert!(host.host_copies.reused > 0, "{name}: no copies read from disk");
+        let mut caches = host.net.new_caches();
+        let one = Array::from_slice(&[prompt[0]], &[1, 1]);
+        host.net.forward(&one, &mut caches).unwrap().eval().unwrap();
+        scribble_weight_files(&dir);
+        let with = step_logits(&host, &prompt, &tokens);
+        let split = prompt.len();
+        for (part, with, without) in [
+            ("prefill", &with[..split], &without[..split]),
+            ("steps", &with[split..], &without[split..]),
+        ] {
+            let worst = with.iter().zip(without).map(|(a, b)| relative_error(a, b));
+            let worst = worst.fold(0f32, f32::max);
+            eprintln!("{name} {part}: host vs MLX logits, worst relative difference {worst:.2e}");
+            // Equal up to summation order (a prefill's sgemm over the widened copy can be
+            // bit-identical to MLX's over the same values).
+            assert!(worst < 1e-4, "{name} {part}: {worst:.2e}");
         }
-        eprintln!("{name}: host vs MLX logits, worst relative difference {worst:.2e}");
-        // Equal up to summation order, and the host path was taken (bit-identical logits
-        // would mean MLX computed both).
-        assert!(worst < 1e-4, "{name}: {worst:.2e}");
-        assert!(differs, "{name}: no step went through the host copy");
+    }
+}
+
+/// Every tensor byte of the directory's safetensors files set to 0x7f (f32 3.4e38), in place:
+/// the header stays, so a lazy read still finds its tensor, with values no model survives.
+fn scribble_weight_files(dir: &std::path::Path) {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "safetensors") {
+            continue;
+        }
+        let mut f = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let mut len = [0u8; 8];
+        f.read_exact(&mut len).unwrap();
+        let start = 8 + u64::from_le_bytes(len);
+        let size = f.metadata().unwrap().len();
+        f.seek(SeekFrom::Start(start)).unwrap();
+        f.write_all(&vec![0x7f; (size - start) as usize]).unwrap();
+        f.sync_all().unwrap();
     }
 }

@@ -5,7 +5,7 @@
 
 use mlx_rs::Array;
 
-use super::layers::{Attention, AttentionShape, Mlp, RmsNorm, Rope, HOST_HEAD_MAX_ROWS};
+use super::layers::{Attention, AttentionShape, Mlp, RmsNorm, Rope};
 use super::linear::Embedding;
 use super::weights::Weights;
 use super::{Architecture, ModelConfig};
@@ -132,7 +132,7 @@ impl Architecture for Gemma3Text {
 
     fn logits(&self, h: &Array) -> Result<Array> {
         match self.embed.host() {
-            Some(host) if h.shape()[1] <= HOST_HEAD_MAX_ROWS => host.forward(h),
+            Some(host) if host.takes(h) => host.forward(h),
             _ => self.embed.as_linear(h),
         }
     }

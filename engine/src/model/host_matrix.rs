@@ -19,12 +19,32 @@ use mlx_rs::Array;
 
 use crate::error::{EngineError, Result};
 
+mod gemm;
 mod store;
 pub use store::HostStore;
 
 /// Whether the host path may be used at all in this process (CPU backend, not switched off).
 pub fn enabled() -> bool {
     !cfg!(target_os = "macos") && std::env::var_os("PERCH_NO_HOST_HEAD").is_none()
+}
+
+thread_local! {
+    static IN_GRAPH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// While the returned guard lives, this thread's forward passes build MLX graphs only, as
+/// training's gradients need: a host product's output has no edge back to its input.
+pub fn graph_only() -> GraphOnly {
+    GraphOnly(IN_GRAPH.with(|g| g.replace(true)))
+}
+
+/// See `graph_only`; restores the previous state when dropped.
+pub struct GraphOnly(bool);
+
+impl Drop for GraphOnly {
+    fn drop(&mut self) {
+        IN_GRAPH.with(|g| g.set(self.0));
+    }
 }
 
 /// The threads products run on: one per core, up to 8.
@@ -109,6 +129,15 @@ impl HostMatrix {
         self.cols
     }
 
+    /// Whether this copy can compute `x @ W.T` here: `x` ends in `cols` values, no gradient
+    /// is being built (`graph_only`), and a product of many vectors has an sgemm to run on.
+    pub fn takes(&self, x: &Array) -> bool {
+        let vectors = x.size() / self.cols;
+        x.shape().last() == Some(&(self.cols as i32))
+            && !IN_GRAPH.with(|g| g.get())
+            && (vectors <= gemm::FEW || gemm::available())
+    }
+
     /// Rows `ids` (of shape S) as values: [S.., cols] f32, each `offset + step * q`, the value
     /// the copy was checked to reproduce. A tied embedding table is read this way, so its f32
     /// tensor is never loaded.
@@ -132,13 +161,21 @@ impl HostMatrix {
         Ok(Array::from_slice(&out, &shape))
     }
 
-    /// `h @ W.T` for `h` of shape [.., L, cols]: [.., L, rows] in `h`'s dtype. Each row of the
-    /// matrix is read once for all L vectors.
+    /// `h @ W.T` for `h` of shape [.., L, cols]: [.., L, rows] in `h`'s dtype. A few vectors
+    /// read the copy directly, each row once for all of them; more go through sgemm (`gemm`).
+    /// Callers check `takes` first.
     pub fn forward(&self, h: &Array) -> Result<Array> {
         let mut shape = h.shape().to_vec();
-        let x = h.as_dtype(mlx_rs::Dtype::Float32)?;
+        let x = h.as_dtype(mlx_rs::Dtype::Float32)?.contiguous()?;
         x.eval()?;
-        let out = self.product(x.as_slice::<f32>());
+        let x = x.as_slice::<f32>();
+        let vectors = x.len() / self.cols;
+        let out = match vectors <= gemm::FEW {
+            true => self.product(x),
+            false => self.gemm(x, vectors).ok_or_else(|| {
+                EngineError::Internal("a product of many vectors without sgemm".into())
+            })?,
+        };
         *shape.last_mut().unwrap() = self.rows as i32;
         Ok(Array::from_slice(&out, &shape).as_dtype(h.dtype())?)
     }

@@ -328,7 +328,7 @@ impl Mlp {
         if let (None, Some(gate_up), Some(down)) =
             (lora, self.gate_up.host_only(), self.down.host_only())
         {
-            if x.size() == gate_up.cols() {
+            if x.size() == gate_up.cols() && gate_up.takes(x) {
                 return self.forward_host(x, gate_up, down);
             }
         }
@@ -425,10 +425,6 @@ pub struct DecoderStack {
     pub dims: ProjectionDims,
 }
 
-/// Up to this many positions per call, a tied head on the host beats MLX's (decode steps and
-/// speculative verification; prefill never asks for more than one position's logits).
-pub const HOST_HEAD_MAX_ROWS: i32 = 32;
-
 impl DecoderStack {
     pub fn hidden(
         &self,
@@ -446,7 +442,7 @@ impl DecoderStack {
     pub fn logits(&self, h: &Array) -> Result<Array> {
         match (&self.lm_head, self.embed.host()) {
             (Some(head), _) => head.forward(h),
-            (None, Some(host)) if h.shape()[1] <= HOST_HEAD_MAX_ROWS => host.forward(h),
+            (None, Some(host)) if host.takes(h) => host.forward(h),
             (None, _) => self.embed.as_linear(h),
         }
     }

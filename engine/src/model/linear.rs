@@ -22,7 +22,8 @@ pub struct QuantSpec {
 }
 
 pub enum Linear {
-    /// `host`: the 8-bit copy one-token steps read on the CPU backend (`host_matrix`).
+    /// `host`: the 8-bit copy every product but training's reads on the CPU backend
+    /// (`host_matrix`); `weight`, loaded lazily by MLX, is then never read.
     Dense {
         weight: Array,
         bias: Option<Array>,
@@ -140,8 +141,8 @@ impl Linear {
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let y = match self {
-            // One vector (a decode step): the host copy.
-            Linear::Dense { host: Some(h), bias, .. } if x.size() == h.cols() => match bias {
+            // The host copy, where it can serve this product (see `HostMatrix::takes`).
+            Linear::Dense { host: Some(h), bias, .. } if h.takes(x) => match bias {
                 Some(b) => h.forward(x)?.add(b)?,
                 None => h.forward(x)?,
             },
@@ -172,8 +173,8 @@ impl Linear {
 /// Token embeddings; also serves as the output projection when embeddings are tied.
 pub enum Embedding {
     /// `host`: the 8-bit copy of a large table (CPU backend, `host_matrix`). Lookups and
-    /// one-token heads read it, so the f32 table, loaded lazily by MLX, is only read by what
-    /// needs it as an array (a head over many positions, training's graph).
+    /// tied heads read it, so the f32 table, loaded lazily by MLX, is only read by what needs
+    /// it as an array (training's graph).
     Dense {
         table: Array,
         host: Option<Arc<HostMatrix>>,

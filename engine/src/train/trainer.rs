@@ -236,6 +236,8 @@ pub fn masked_loss(
     targets: &Array,
     mask: &Array,
 ) -> Result<Array> {
+    // Gradients flow through MLX's graph only: no host products (model/host_matrix.rs).
+    let _graph = crate::model::host_matrix::graph_only();
     let mut caches = net.new_caches();
     let h = net.hidden_with(inputs, &mut caches, lora)?;
     let logits = net.graph_logits(&h)?.as_dtype(Dtype::Float32)?;

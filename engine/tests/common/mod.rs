@@ -100,7 +100,14 @@ pub fn forward_logits(model: &LoadedModel, ids: &[u32]) -> Vec<f32> {
 pub fn relative_error(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "logit counts differ");
     let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-6);
-    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale
+    // A NaN on either side is an infinite error (f32::max would skip it); equal infinities
+    // are no error.
+    let diff = |x: f32, y: f32| match x == y {
+        true => 0.0,
+        false if (x - y).is_nan() => f32::INFINITY,
+        false => (x - y).abs(),
+    };
+    a.iter().zip(b).fold(0f32, |m, (&x, &y)| m.max(diff(x, y))) / scale
 }
 
 /// Where scripts/fetch-gemma-gguf puts the default model's GGUF (or `$PERCH_GEMMA_GGUF`).

@@ -55,6 +55,22 @@ fn q8_q4k_and_q6k_shaped_matrices_are_exact() {
 }
 
 #[test]
+fn many_vectors_go_through_sgemm_band_by_band() {
+    // 5000 rows of 512: bands of 2048 rows, the last one short; 40 vectors (> gemm::FEW).
+    assert!(gemm::available(), "libmlx.so's BLAS should bring cblas_sgemm");
+    let (rows, cols, l) = (5000, 512, 40);
+    let data = quantized(rows, cols, 32, 16, true);
+    check(&data, rows, cols, l, 32);
+    // And the same values straight from `gemm`, so the test knows which path it checked.
+    let w = Array::from_slice(&data, &[rows as i32, cols as i32]);
+    let host = HostMatrix::new(&w).unwrap().unwrap();
+    let x: Vec<f32> = (0..l * cols).map(|i| ((i * 31) % 101) as f32 / 50.0 - 1.0).collect();
+    let got = Array::from_slice(&host.gemm(&x, l).unwrap(), &[1, l as i32, rows as i32]);
+    let want = Array::from_slice(&x, &[1, l as i32, cols as i32]).matmul(w.t()).unwrap();
+    assert_close(&got, &want, "sgemm over widened bands");
+}
+
+#[test]
 fn rows_read_from_the_copy_are_the_table_rows() {
     let (rows, cols) = (500, 64);
     let data = quantized(rows, cols, 32, 16, true);

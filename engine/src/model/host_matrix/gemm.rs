@@ -1,0 +1,127 @@
+//! Products of many vectors with a host copy (prefill chunks, speculative verification, a head
+//! over many positions): each band of rows is widened to f32 in a buffer that stays in the
+//! CPU's cache and multiplied by OpenBLAS's `cblas_sgemm`, the routine MLX's own f32 matmul
+//! calls on this backend. So prefill keeps its speed while the f32 weights are never loaded:
+//! MLX reads safetensors lazily, and nothing else asks for them (issue 19's memory half).
+//!
+//! Widening costs one pass over the 8-bit copy per product, small beside the sgemm's work once
+//! a product has more than a few vectors (`FEW`); below that the copy's own dot-product loop
+//! (`HostMatrix::product`) is the faster one. `cblas_sgemm` is found in the process at run time
+//! (libmlx.so brings it); where it is missing, the f32 weights serve these products as before.
+
+use std::ffi::c_int;
+use std::sync::OnceLock;
+
+use super::{pool, HostMatrix};
+
+/// Up to this many vectors a product reads the 8-bit copy directly.
+pub const FEW: usize = 8;
+
+/// Weights widened per band: 4 MiB of f32, so a band stays in cache between its widening and
+/// the sgemm that reads it.
+const BAND: usize = 1 << 20;
+
+type Sgemm = unsafe extern "C" fn(
+    order: c_int,
+    trans_a: c_int,
+    trans_b: c_int,
+    m: c_int,
+    n: c_int,
+    k: c_int,
+    alpha: f32,
+    a: *const f32,
+    lda: c_int,
+    b: *const f32,
+    ldb: c_int,
+    beta: f32,
+    c: *mut f32,
+    ldc: c_int,
+);
+
+// CBLAS's enumerations (cblas.h).
+const ROW_MAJOR: c_int = 101;
+const NO_TRANS: c_int = 111;
+const TRANS: c_int = 112;
+
+/// `cblas_sgemm` as loaded in this process, if any library brought it.
+fn sgemm() -> Option<Sgemm> {
+    static FOUND: OnceLock<Option<Sgemm>> = OnceLock::new();
+    *FOUND.get_or_init(|| {
+        // SAFETY: dlsym with RTLD_DEFAULT searches the libraries already loaded; the name is
+        // a NUL-terminated literal. A non-null result is cblas_sgemm, whose C signature is
+        // the `Sgemm` type above (32-bit integers: Debian's libopenblas0, not libopenblas64).
+        let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"cblas_sgemm".as_ptr()) };
+        if f.is_null() {
+            tracing::info!("cblas_sgemm not found: products of many vectors read the f32 weights");
+            return None;
+        }
+        Some(unsafe { std::mem::transmute::<*mut libc::c_void, Sgemm>(f) })
+    })
+}
+
+/// Whether products of more than `FEW` vectors can run here.
+pub fn available() -> bool {
+    sgemm().is_some()
+}
+
+impl HostMatrix {
+    /// `x @ W.T` for `l` vectors of `cols` values side by side (row-major [l, cols]): [l, rows].
+    /// `None` when no sgemm is loaded (see `available`).
+    pub(super) fn gemm(&self, x: &[f32], l: usize) -> Option<Vec<f32>> {
+        let sgemm = sgemm()?;
+        let (rows, cols) = (self.rows, self.cols);
+        let band = (BAND / cols).clamp(1, rows);
+        let mut out = vec![0f32; l * rows];
+        let mut wide = vec![0f32; band * cols];
+        for first in (0..rows).step_by(band) {
+            let n = band.min(rows - first);
+            self.widen(first, &mut wide[..n * cols]);
+            // SAFETY: x holds l*cols values, `wide` n*cols, and `out` has l rows of `rows`
+            // values of which columns first..first+n are written (ldc = rows). Sizes fit c_int:
+            // matrices come from safetensors shapes checked at load, far below 2^31 per side.
+            unsafe {
+                sgemm(
+                    ROW_MAJOR,
+                    NO_TRANS,
+                    TRANS,
+                    l as c_int,
+                    n as c_int,
+                    cols as c_int,
+                    1.0,
+                    x.as_ptr(),
+                    cols as c_int,
+                    wide.as_ptr(),
+                    cols as c_int,
+                    0.0,
+                    out.as_mut_ptr().add(first),
+                    rows as c_int,
+                );
+            }
+        }
+        Some(out)
+    }
+
+    /// Rows `first..` of the matrix as f32 values into `into` (whole rows), on the pool.
+    fn widen(&self, first: usize, into: &mut [f32]) {
+        let per = (into.len() / self.cols).div_ceil(pool().current_num_threads()) * self.cols;
+        pool().scope(|s| {
+            for (i, part) in into.chunks_mut(per).enumerate() {
+                let at = first * self.cols + i * per;
+                s.spawn(move |_| self.widen_values(at, part));
+            }
+        });
+    }
+
+    /// Values `at..at + into.len()` in row-major order (`at` starts a block): `offset + step * q`,
+    /// as `gather` writes them. Plain multiply and add, so every CPU computes the same values.
+    fn widen_values(&self, at: usize, into: &mut [f32]) {
+        let b = self.block;
+        let q = &self.quants[at..at + into.len()];
+        for ((o, q), blk) in into.chunks_exact_mut(b).zip(q.chunks_exact(b)).zip(at / b..) {
+            let (d, m) = (self.scales[blk], self.offsets[blk]);
+            for (o, &q) in o.iter_mut().zip(q) {
+                *o = m + d * q as f32;
+            }
+        }
+    }
+}
