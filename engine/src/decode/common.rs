@@ -349,7 +349,8 @@ pub(crate) fn prefill(
         if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
             return Ok(false);
         }
-        model.forward(&token_array(chunk), caches)?;
+        // Hidden states only: nothing reads a prefill's logits.
+        model.hidden(&token_array(chunk), caches)?;
         eval(caches.iter().flat_map(|c| c.state()))?;
     }
     Ok(true)

@@ -17,6 +17,7 @@ pub mod weights;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 use serde_json::Value;
 
@@ -209,6 +210,13 @@ impl LoadedModel {
     /// `net.forward` with the current adapter.
     pub fn forward(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
         self.net.logits(&self.hidden(tokens, caches)?)
+    }
+
+    /// The logits of the last position only, [B, 1, vocab]: the head is not run over the
+    /// others (on the CPU backend a host head computes what it is asked for at once).
+    pub fn last_logits(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
+        let h = self.hidden(tokens, caches)?;
+        self.net.logits(&h.index((.., -1.., ..)))
     }
 
     /// `net.hidden` with the current adapter.

@@ -301,14 +301,16 @@ impl RungWork for WorkerWork {
             }
             let s = w.scratch.as_mut().unwrap();
             let end = (start + len).min(s.tokens.len());
-            let logits = model.forward(&token_array(&s.tokens[start..end]), &mut s.caches)?;
+            let tokens = token_array(&s.tokens[start..end]);
             if end == s.tokens.len() {
+                let logits = model.last_logits(&tokens, &mut s.caches)?;
                 let y = argmax_axis(logits.index((.., -1, ..)), -1, None)?;
                 eval([&y])?;
                 s.last = Some(
                     y.try_item_cast::<u32>().map_err(|e| EngineError::Internal(e.to_string()))?,
                 );
             } else {
+                model.hidden(&tokens, &mut s.caches)?;
                 eval(s.caches.iter().flat_map(|c| c.state()))?;
             }
             Ok(())

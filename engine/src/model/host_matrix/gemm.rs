@@ -113,8 +113,37 @@ impl HostMatrix {
     }
 
     /// Values `at..at + into.len()` in row-major order (`at` starts a block): `offset + step * q`,
-    /// as `gather` writes them. Plain multiply and add, so every CPU computes the same values.
+    /// as `gather` writes them. A multiply, then an add (never fused), so every CPU and both
+    /// loops compute the same values.
     fn widen_values(&self, at: usize, into: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the feature was just detected on this CPU.
+            return unsafe { self.widen_avx2(at, into) };
+        }
+        self.widen_plain(at, into);
+    }
+
+    /// Eight values at a time: bytes widened to i32, converted, multiplied by the block's step
+    /// and added to its offset.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn widen_avx2(&self, at: usize, into: &mut [f32]) {
+        use std::arch::x86_64::*;
+        let b = self.block;
+        let q = &self.quants[at..at + into.len()];
+        for ((o, q), blk) in into.chunks_exact_mut(b).zip(q.chunks_exact(b)).zip(at / b..) {
+            let (d, m) = (_mm256_set1_ps(self.scales[blk]), _mm256_set1_ps(self.offsets[blk]));
+            for k in (0..b).step_by(8) {
+                // SAFETY: k + 8 <= b for both slices (blocks are 16 or 32 wide).
+                let qi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(q.as_ptr().add(k).cast()));
+                let v = _mm256_add_ps(m, _mm256_mul_ps(d, _mm256_cvtepi32_ps(qi)));
+                _mm256_storeu_ps(o.as_mut_ptr().add(k), v);
+            }
+        }
+    }
+
+    fn widen_plain(&self, at: usize, into: &mut [f32]) {
         let b = self.block;
         let q = &self.quants[at..at + into.len()];
         for ((o, q), blk) in into.chunks_exact_mut(b).zip(q.chunks_exact(b)).zip(at / b..) {

@@ -119,37 +119,32 @@ fn host_matrix_speed() {
     }
 }
 
-/// Prefill from the copy: what dequantizing a matrix costs next to the matmul it feeds.
+/// Products of many vectors: MLX's f32 matmul against the copy's (`forward`: its own loop up
+/// to `gemm::FEW` vectors, sgemm over widened bands above), on Qwen2.5-0.5B's gate/up and down
+/// shapes. Earlier figures on the alternatives (MLX's `dequantize` then matmul, its 8-bit
+/// `quantized_matmul`) are in docs/cpu-decode.md.
 #[test]
 #[ignore]
-fn dequantize_speed() {
-    let (rows, cols) = (9728usize, 896usize);
-    let w = Array::from_slice(&quantized(rows, cols, 32, 16, true), &[rows as i32, cols as i32]);
-    w.eval().unwrap();
-    let host = HostMatrix::new(&w).unwrap().unwrap();
-    let packed: Vec<u32> =
-        host.quants.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    let wq = Array::from_slice(&packed, &[rows as i32, (cols / 4) as i32]);
-    let sc = Array::from_slice(&host.scales, &[rows as i32, (cols / 32) as i32]);
-    let bi = Array::from_slice(&host.offsets, &[rows as i32, (cols / 32) as i32]);
-    for l in [1usize, 8, 32, 128, 512] {
-        let x = Array::from_slice(&vec![0.5f32; l * cols], &[1, l as i32, cols as i32]);
-        x.eval().unwrap();
-        let time = |f: &dyn Fn() -> Array| {
-            f().eval().unwrap();
-            let t = std::time::Instant::now();
-            for _ in 0..5 {
+fn many_vector_speed() {
+    for (rows, cols) in [(9728usize, 896usize), (896, 4864)] {
+        let w =
+            Array::from_slice(&quantized(rows, cols, 32, 16, true), &[rows as i32, cols as i32]);
+        w.eval().unwrap();
+        let host = HostMatrix::new(&w).unwrap().unwrap();
+        for l in [1usize, 8, 32, 128, 512] {
+            let x = Array::from_slice(&vec![0.5f32; l * cols], &[1, l as i32, cols as i32]);
+            x.eval().unwrap();
+            let time = |f: &dyn Fn() -> Array| {
                 f().eval().unwrap();
-            }
-            t.elapsed().as_secs_f64() / 5.0 * 1e3
-        };
-        let f32mm = time(&|| x.matmul(w.t()).unwrap());
-        let deq = time(&|| {
-            let d = mlx_rs::ops::dequantize(&wq, &sc, &bi, 32, 8).unwrap();
-            x.matmul(d.t()).unwrap()
-        });
-        let qmm = time(&|| mlx_rs::ops::quantized_matmul(&x, &wq, &sc, &bi, true, 32, 8).unwrap());
-        let hostf = time(&|| host.forward(&x).unwrap());
-        eprintln!("L={l}: f32 matmul {f32mm:.2} ms, MLX dequantize+matmul {deq:.2} ms, quantized_matmul {qmm:.2} ms, host {hostf:.2} ms");
+                let t = std::time::Instant::now();
+                for _ in 0..5 {
+                    f().eval().unwrap();
+                }
+                t.elapsed().as_secs_f64() / 5.0 * 1e3
+            };
+            let f32mm = time(&|| x.matmul(w.t()).unwrap());
+            let hostf = time(&|| host.forward(&x).unwrap());
+            eprintln!("{rows}x{cols} L={l}: f32 matmul {f32mm:.2} ms, host {hostf:.2} ms");
+        }
     }
 }
