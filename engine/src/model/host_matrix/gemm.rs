@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use super::{pool, HostMatrix};
 
 /// Up to this many vectors a product reads the 8-bit copy directly.
-pub const FEW: usize = 8;
+pub const FEW: usize = 4;
 
 /// Weights widened per band: 4 MiB of f32, so a band stays in cache between its widening and
 /// the sgemm that reads it.

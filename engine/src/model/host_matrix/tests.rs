@@ -131,7 +131,7 @@ fn many_vector_speed() {
             Array::from_slice(&quantized(rows, cols, 32, 16, true), &[rows as i32, cols as i32]);
         w.eval().unwrap();
         let host = HostMatrix::new(&w).unwrap().unwrap();
-        for l in [1usize, 8, 32, 128, 512] {
+        for l in [1usize, 2, 4, 8, 32, 128, 512] {
             let x = Array::from_slice(&vec![0.5f32; l * cols], &[1, l as i32, cols as i32]);
             x.eval().unwrap();
             let time = |f: &dyn Fn() -> Array| {
