@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod catalog;
 pub mod chat;
+pub mod checked_file;
 pub mod config;
 pub mod decode;
 pub mod download;

@@ -255,6 +255,22 @@ pub fn load_model(dir: &Path) -> Result<LoadedModel> {
 
 /// `load_model`, computing in `dtype`.
 pub fn load_model_as(dir: &Path, dtype: ComputeDtype) -> Result<LoadedModel> {
+    let (model, recovered_and_saved) = load_once(dir, dtype)?;
+    if !recovered_and_saved {
+        return Ok(model);
+    }
+    // Recovering host copies read (and so holds) the f32 weights they came from, which the
+    // copies make unnecessary; a second load reads the copies from the file just written and
+    // leaves the f32 weights unread (MLX loads lazily), so this process does not keep both.
+    tracing::info!(model = %model.id, "host copies recovered and saved; loading again from them");
+    let counts = model.host_copies;
+    drop(model);
+    let (again, _) = load_once(dir, dtype)?;
+    Ok(LoadedModel { host_copies: counts, ..again })
+}
+
+/// One load; also says whether it recovered host copies and wrote them to disk.
+fn load_once(dir: &Path, dtype: ComputeDtype) -> Result<(LoadedModel, bool)> {
     let cfg = ModelConfig::read(dir)?;
     let architecture = cfg.str("model_type")?.to_string();
     let mut weights = Weights::load(dir, dtype)?;
@@ -291,9 +307,9 @@ pub fn load_model_as(dir: &Path, dtype: ComputeDtype) -> Result<LoadedModel> {
     }
     let tokenizer = std::sync::Arc::new(Tokenizer::load(dir, &cfg.token_ids("eos_token_id"))?);
     let compute_dtype = weights.compute_dtype();
-    let (recovered, reused) = weights.save_host_copies();
+    let (recovered, reused, saved) = weights.save_host_copies();
     let id = dir.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
-    Ok(LoadedModel {
+    let model = LoadedModel {
         id,
         dir: dir.to_path_buf(),
         architecture,
@@ -305,5 +321,6 @@ pub fn load_model_as(dir: &Path, dtype: ComputeDtype) -> Result<LoadedModel> {
         tokenizer,
         adapter: None,
         host_copies: HostCopyCounts { recovered, reused },
-    })
+    };
+    Ok((model, recovered > 0 && saved))
 }

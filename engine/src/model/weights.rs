@@ -50,11 +50,11 @@ impl Weights {
         self.host.copy_of(weight)
     }
 
-    /// Keep this load's host copies on disk for the next; returns (recovered, reused).
-    pub fn save_host_copies(self) -> (usize, usize) {
+    /// Keep this load's host copies on disk for the next; returns (recovered, reused, whether
+    /// a file was written).
+    pub fn save_host_copies(self) -> (usize, usize, bool) {
         let counts = (self.host.built, self.host.reused);
-        self.host.save();
-        counts
+        (counts.0, counts.1, self.host.save())
     }
 
     pub fn compute_dtype(&self) -> Dtype {

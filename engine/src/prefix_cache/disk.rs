@@ -1,14 +1,12 @@
 //! The prefix cache's disk tier: one file per state in the platform cache directory, so a
 //! restarted Perch still skips the prefill of the system prompts and conversations it saw.
 //!
-//! A file is `PERCHKV1`, the header's and the data's lengths (u64 LE), the SHA-256 of header
-//! and data, a JSON header (key digest, tokens, each layer's shapes, offset and ring, dtype),
-//! then every buffer as f32 LE. Files are written to a temporary name and renamed, by a
+//! A file is a `checked_file` with magic `PERCHKV1`: its header holds the key digest, the
+//! tokens, and each layer's shapes, offset, ring and dtype; its data, every buffer as f32 LE. Files are written to a temporary name and renamed, by a
 //! writer thread (the MLX thread only copies the arrays out). Anything in the directory
 //! that is not such a file with a matching checksum (truncated, corrupt, foreign, another
 //! version) is removed when found, never trusted and never fatal.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex};
@@ -19,14 +17,12 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::{common_prefix, CacheKey, PrefixStats};
+use crate::checked_file::{Format, ReadError};
 use crate::model::kv_cache::{KvCache, KvState, SLIDING_SLACK};
 use crate::sync::LockExt;
 
-const MAGIC: &[u8; 8] = b"PERCHKV1";
-/// Magic, two lengths, checksum.
-const PREAMBLE: usize = 8 + 8 + 8 + 32;
-/// A header longer than this is not ours (a million tokens of JSON stay well under it).
-const MAX_HEADER: u64 = 64 << 20;
+/// A header longer than 64 MiB is not ours (a million tokens of JSON stay well under it).
+const FORMAT: Format = Format { magic: b"PERCHKV1", max_header: 64 << 20 };
 
 #[derive(Serialize, Deserialize)]
 struct LayerHeader {
@@ -96,30 +92,6 @@ fn dtype_of(name: &str) -> Option<Dtype> {
     }
 }
 
-/// Read a file's header (not its data); `None` if it is not a well-formed cache file.
-fn read_header(path: &Path) -> Option<(Header, u64)> {
-    let mut f = std::fs::File::open(path).ok()?;
-    let size = f.metadata().ok()?.len();
-    let mut pre = [0u8; PREAMBLE];
-    f.read_exact(&mut pre).ok()?;
-    let (hlen, dlen) = lengths(&pre)?;
-    if PREAMBLE as u64 + hlen + dlen != size {
-        return None;
-    }
-    let mut h = vec![0u8; hlen as usize];
-    f.read_exact(&mut h).ok()?;
-    Some((serde_json::from_slice(&h).ok()?, size))
-}
-
-fn lengths(pre: &[u8]) -> Option<(u64, u64)> {
-    if &pre[..8] != MAGIC {
-        return None;
-    }
-    let hlen = u64::from_le_bytes(pre[8..16].try_into().ok()?);
-    let dlen = u64::from_le_bytes(pre[16..24].try_into().ok()?);
-    (hlen <= MAX_HEADER).then_some((hlen, dlen))
-}
-
 fn remove(path: &Path) {
     if let Err(e) = std::fs::remove_file(path) {
         if e.kind() != std::io::ErrorKind::NotFound {
@@ -144,7 +116,7 @@ impl DiskTier {
                 continue; // never follow or remove anything but our own plain files
             }
             let ours = path.extension().is_some_and(|e| e == "kv");
-            match ours.then(|| read_header(&path)).flatten() {
+            match ours.then(|| FORMAT.header::<Header>(&path)).flatten() {
                 Some((h, bytes)) => entries.push(DiskEntry {
                     path,
                     digest: h.digest,
@@ -310,25 +282,10 @@ fn data_bytes(
     Ok(())
 }
 
-/// Write a job's file: checksum first (one pass over the arrays), then the bytes.
+/// Write a job's file.
 fn write_file(path: &Path, job: &Job) -> std::io::Result<()> {
-    use std::io::Write;
-    let header = serde_json::to_vec(&job.header).map_err(std::io::Error::other)?;
     let data_len: usize = job.arrays.iter().map(|a| a.size() * 4).sum();
-    let mut sum = Sha256::new();
-    sum.update(&header);
-    data_bytes(&job.arrays, |b| {
-        sum.update(b);
-        Ok(())
-    })?;
-    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
-    f.write_all(MAGIC)?;
-    f.write_all(&(header.len() as u64).to_le_bytes())?;
-    f.write_all(&(data_len as u64).to_le_bytes())?;
-    f.write_all(&sum.finalize())?;
-    f.write_all(&header)?;
-    data_bytes(&job.arrays, |b| f.write_all(b))?;
-    f.into_inner().map_err(|e| e.into_error())?.sync_all()
+    FORMAT.write(path, &job.header, data_len as u64, |put| data_bytes(&job.arrays, put))
 }
 
 fn write_job(job: Job, index: &Index, budget: u64, stats: &PrefixStats) {
@@ -376,29 +333,18 @@ fn enforce_budget(index: &mut Vec<DiskEntry>, budget: u64, stats: &PrefixStats) 
 
 /// Read and check a whole file; every way it can be wrong is an error, never a panic.
 fn read_state(path: &Path, key: &CacheKey, indexed: u64) -> Result<KvState, &'static str> {
+    let mut r = FORMAT.open(path).map_err(|e| match e {
+        ReadError::Missing => "unreadable",
+        ReadError::Bad(why) => why,
+    })?;
     // A file swapped for another since it was indexed is not read into memory at all.
-    let size = std::fs::metadata(path).map_err(|_| "unreadable")?.len();
-    if size != indexed {
+    if r.size != indexed {
         return Err("changed since it was indexed");
     }
-    let bytes = std::fs::read(path).map_err(|_| "unreadable")?;
-    if bytes.len() < PREAMBLE {
-        return Err("truncated");
-    }
-    let (hlen, dlen) = lengths(&bytes[..PREAMBLE]).ok_or("not a cache file")?;
-    if PREAMBLE as u64 + hlen + dlen != bytes.len() as u64 {
-        return Err("truncated or padded");
-    }
-    let body = &bytes[PREAMBLE..];
-    if Sha256::digest(body)[..] != bytes[24..56] {
-        return Err("checksum mismatch");
-    }
-    let (header, data) = body.split_at(hlen as usize);
-    let h: Header = serde_json::from_slice(header).map_err(|_| "bad header")?;
+    let h: Header = r.header()?;
     if h.digest != key.digest() {
         return Err("another model's file");
     }
-    let mut at = 0usize;
     let mut layer = |l: &LayerHeader| -> Result<KvCache, &'static str> {
         let dtype = dtype_of(&l.dtype).ok_or("unknown dtype")?;
         let mut arrays = vec![];
@@ -410,9 +356,7 @@ fn read_state(path: &Path, key: &CacheKey, indexed: u64) -> Result<KvState, &'st
                 .iter()
                 .try_fold(1usize, |a, &d| a.checked_mul(d as usize))
                 .ok_or("bad shape")?;
-            let end = n.checked_mul(4).and_then(|b| b.checked_add(at)).ok_or("bad shape")?;
-            let raw = data.get(at..end).ok_or("data too short")?;
-            at = end;
+            let raw = r.take(n.checked_mul(4).ok_or("bad shape")?)?;
             let floats: Vec<f32> =
                 raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
             let a = Array::from_slice(&floats, shape).as_dtype(dtype).map_err(|_| "bad data")?;
@@ -436,9 +380,7 @@ fn read_state(path: &Path, key: &CacheKey, indexed: u64) -> Result<KvState, &'st
     };
     let layers = h.layers.iter().map(&mut layer).collect::<Result<Vec<_>, _>>()?;
     let mtp = h.mtp.as_ref().map(&mut layer).transpose()?;
-    if at != data.len() {
-        return Err("data too long");
-    }
+    r.finish()?;
     if layers.iter().any(|c| c.offset() as usize != h.tokens.len()) {
         return Err("layers and tokens disagree");
     }

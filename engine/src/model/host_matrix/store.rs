@@ -5,15 +5,14 @@
 //! One file per model directory in `paths::host_copy_dir()`, named by a digest of the
 //! directory's path and one of what the copies were made from (each weight file's path, size
 //! and modification time, the compute dtype, this format's version): a re-import gets a new
-//! file and the old one is removed when the new one is written. A file is `PERCHHC1`, the
-//! header's and the data's lengths (u64 LE), the SHA-256 of header and data, a JSON header
-//! (that key; each matrix the load asked about, in load order, with its shape and block or
-//! none), then per copy its bytes, steps and offsets (f32 LE). Written under a temporary name
+//! file and the old one is removed when the new one is written. A file is a `checked_file`
+//! with magic `PERCHHC1`: its header holds that key and each matrix the load asked about, in
+//! load order, with its shape and block or none; its data, per copy, the bytes, steps and
+//! offsets (f32 LE). Written under a temporary name
 //! and renamed. A file that is not such a file, holds another key, fails its checksum or does
 //! not match the matrices the load asks for is ignored and replaced: never trusted, never
 //! fatal, never read past its own length.
 
-use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -22,12 +21,10 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::HostMatrix;
+use crate::checked_file::{Format, ReadError};
 use crate::error::Result;
 
-const MAGIC: &[u8; 8] = b"PERCHHC1";
-/// Magic, two lengths, checksum.
-const PREAMBLE: u64 = 8 + 8 + 8 + 32;
-const MAX_HEADER: u64 = 16 << 20;
+const FORMAT: Format = Format { magic: b"PERCHHC1", max_header: 16 << 20 };
 
 #[derive(Serialize, Deserialize, Clone, Copy, PartialEq, Debug)]
 struct Shape {
@@ -79,7 +76,7 @@ impl HostStore {
             return store;
         }
         let mut id = Sha256::new();
-        id.update(format!("{MAGIC:?} {dtype:?}"));
+        id.update(format!("{:?} {dtype:?}", FORMAT.magic));
         for f in files {
             let meta = std::fs::metadata(f).ok();
             let mtime = meta
@@ -98,8 +95,8 @@ impl HostStore {
         ));
         match read(&path, &store.key) {
             Ok(entries) => store.cached = Some(entries.into_iter()),
-            Err(Missing) => {}
-            Err(Bad(why)) => {
+            Err(ReadError::Missing) => {}
+            Err(ReadError::Bad(why)) => {
                 tracing::warn!(path = %path.display(), why, "host copies: ignoring a bad file");
                 let _ = std::fs::remove_file(&path);
             }
@@ -137,11 +134,12 @@ impl HostStore {
 
     /// Write this load's copies when any were recovered here (or the file had more than
     /// the load asked for) and at least one exists; a failed write is logged, not fatal.
-    pub fn save(mut self) {
-        let Some(path) = self.path.take() else { return };
+    /// Returns whether a file was written.
+    pub fn save(mut self) -> bool {
+        let Some(path) = self.path.take() else { return false };
         let stale = self.cached.as_mut().is_some_and(|c| c.next().is_some());
         if (self.built == 0 && !stale) || self.used.iter().all(|(_, c)| c.is_none()) {
-            return;
+            return false;
         }
         // Unique per save: two loads of one model in one process may save at once.
         static SAVES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -151,10 +149,14 @@ impl HostStore {
             .and_then(|_| write(&tmp, &self.key, &self.dir, &self.used))
             .and_then(|_| std::fs::rename(&tmp, &path));
         match written {
-            Ok(()) => prune(&path),
+            Ok(()) => {
+                prune(&path);
+                true
+            }
             Err(e) => {
                 tracing::warn!(path = %path.display(), error = %e, "host copies: cannot write");
                 let _ = std::fs::remove_file(&tmp);
+                false
             }
         }
     }
@@ -192,26 +194,12 @@ fn prune(path: &Path) {
         } else if other.contains(".tmp") {
             !recent
         } else {
-            read_header(&entry.path()).is_none_or(|h| !h.dir.exists())
+            FORMAT.header::<Header>(&entry.path()).is_none_or(|(h, _)| !h.dir.exists())
         };
         if remove {
             let _ = std::fs::remove_file(entry.path());
         }
     }
-}
-
-/// A file's header alone (no checksum: only used to find files to remove).
-fn read_header(path: &Path) -> Option<Header> {
-    let mut f = std::fs::File::open(path).ok()?;
-    let mut pre = [0u8; PREAMBLE as usize];
-    f.read_exact(&mut pre).ok()?;
-    let hlen = u64::from_le_bytes(pre[8..16].try_into().ok()?);
-    if &pre[..8] != MAGIC || hlen > MAX_HEADER {
-        return None;
-    }
-    let mut header = vec![0u8; hlen as usize];
-    f.read_exact(&mut header).ok()?;
-    serde_json::from_slice(&header).ok()
 }
 
 fn write(
@@ -222,31 +210,18 @@ fn write(
 ) -> std::io::Result<()> {
     let matrices = used.iter().map(|(s, _)| *s).collect();
     let header = Header { key: key.to_string(), dir: dir.to_path_buf(), matrices };
-    let header = serde_json::to_vec(&header).map_err(std::io::Error::other)?;
     let data_len: usize = used.iter().flat_map(|(_, c)| c).map(|m| data_bytes(m)).sum();
-    let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?);
-    let mut sum = Sha256::new();
-    f.write_all(MAGIC)?;
-    f.write_all(&(header.len() as u64).to_le_bytes())?;
-    f.write_all(&(data_len as u64).to_le_bytes())?;
-    f.write_all(&[0u8; 32])?; // the checksum, written last
-    let mut put = |bytes: &[u8]| -> std::io::Result<()> {
-        sum.update(bytes);
-        f.write_all(bytes)
-    };
-    put(&header)?;
-    for m in used.iter().flat_map(|(_, c)| c) {
-        put(&m.quants)?;
-        for floats in [&m.scales, &m.offsets] {
-            for chunk in floats.chunks(1 << 14) {
-                put(&chunk.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?;
+    FORMAT.write(path, &header, data_len as u64, |put| {
+        for m in used.iter().flat_map(|(_, c)| c) {
+            put(&m.quants)?;
+            for floats in [&m.scales, &m.offsets] {
+                for chunk in floats.chunks(1 << 14) {
+                    put(&chunk.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())?;
+                }
             }
         }
-    }
-    let mut f = f.into_inner().map_err(|e| e.into_error())?;
-    f.seek(SeekFrom::Start(24))?;
-    f.write_all(&sum.finalize())?;
-    f.sync_all()
+        Ok(())
+    })
 }
 
 /// A copy's bytes in the file: one per weight, then two f32 per block.
@@ -254,59 +229,29 @@ fn data_bytes(m: &HostMatrix) -> usize {
     m.quants.len() + 8 * m.scales.len()
 }
 
-enum ReadError {
-    Missing,
-    Bad(&'static str),
-}
-use ReadError::{Bad, Missing};
-
 type Entries = Vec<(Shape, Option<Arc<HostMatrix>>)>;
 
 /// Read and check a whole file; every way it can be wrong is an error, never a panic, and
 /// nothing larger than the file itself is allocated.
 fn read(path: &Path, key: &str) -> std::result::Result<Entries, ReadError> {
-    let mut f = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Missing),
-        Err(_) => return Err(Bad("unreadable")),
-    };
-    let size = f.metadata().map_err(|_| Bad("unreadable"))?.len();
-    let mut pre = [0u8; PREAMBLE as usize];
-    f.read_exact(&mut pre).map_err(|_| Bad("truncated"))?;
-    if &pre[..8] != MAGIC {
-        return Err(Bad("not a host-copy file"));
-    }
-    let word = |at: usize| u64::from_le_bytes(pre[at..at + 8].try_into().unwrap_or([0; 8]));
-    let (hlen, dlen) = (word(8), word(16));
-    if hlen > MAX_HEADER
-        || PREAMBLE.checked_add(hlen).and_then(|n| n.checked_add(dlen)) != Some(size)
-    {
-        return Err(Bad("truncated or padded"));
-    }
-    let mut sum = Sha256::new();
-    let mut take = |n: usize| -> std::result::Result<Vec<u8>, ReadError> {
-        let mut buf = vec![0u8; n];
-        f.read_exact(&mut buf).map_err(|_| Bad("truncated"))?;
-        sum.update(&buf);
-        Ok(buf)
-    };
-    let header: Header =
-        serde_json::from_slice(&take(hlen as usize)?).map_err(|_| Bad("bad header"))?;
+    let mut r = FORMAT.open(path)?;
+    let bad = ReadError::Bad;
+    let header: Header = r.header().map_err(bad)?;
     if header.key != key {
-        return Err(Bad("made from other weights"));
+        return Err(bad("made from other weights"));
     }
     // Every size checked against the data's length before anything is allocated.
     let mut expected = 0u64;
     for s in &header.matrices {
         let Some(block) = s.block else { continue };
-        let n = s.rows.checked_mul(s.cols).ok_or(Bad("bad shape"))?;
+        let n = s.rows.checked_mul(s.cols).ok_or(bad("bad shape"))?;
         if !matches!(block, 16 | 32) || s.cols % block != 0 || n == 0 {
-            return Err(Bad("bad shape"));
+            return Err(bad("bad shape"));
         }
         expected = expected.saturating_add(n as u64 + 8 * (n / block) as u64);
     }
-    if expected != dlen {
-        return Err(Bad("data length does not match the header"));
+    if expected != r.data_len() {
+        return Err(bad("data length does not match the header"));
     }
     let mut entries = Vec::with_capacity(header.matrices.len());
     for s in header.matrices {
@@ -315,22 +260,20 @@ fn read(path: &Path, key: &str) -> std::result::Result<Entries, ReadError> {
             continue;
         };
         let n = s.rows * s.cols;
-        let quants = take(n)?;
+        let quants = r.take(n).map_err(bad)?;
         let mut floats = || -> std::result::Result<Vec<f32>, ReadError> {
-            let raw = take(4 * (n / block))?;
+            let raw = r.take(4 * (n / block)).map_err(bad)?;
             let v: Vec<f32> =
                 raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
             match v.iter().all(|x| x.is_finite()) {
                 true => Ok(v),
-                false => Err(Bad("non-finite scale")),
+                false => Err(bad("non-finite scale")),
             }
         };
         let (scales, offsets) = (floats()?, floats()?);
         let m = HostMatrix { rows: s.rows, cols: s.cols, block, quants, scales, offsets };
         entries.push((s, Some(Arc::new(m))));
     }
-    if sum.finalize()[..] != pre[24..56] {
-        return Err(Bad("checksum mismatch"));
-    }
+    r.finish().map_err(bad)?;
     Ok(entries)
 }
