@@ -265,6 +265,13 @@ pub fn load_model_as(dir: &Path, dtype: ComputeDtype) -> Result<LoadedModel> {
     tracing::info!(model = %model.id, "host copies recovered and saved; loading again from them");
     let counts = model.host_copies;
     drop(model);
+    // Hand the freed f32 buffers back to the system now, not at the allocators' leisure.
+    let _ = mlx_rs::memory::clear_cache();
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free heap pages; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
     let (again, _) = load_once(dir, dtype)?;
     Ok(LoadedModel { host_copies: counts, ..again })
 }
