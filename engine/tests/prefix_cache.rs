@@ -8,7 +8,9 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use perch_engine::decode::{generate_from, DraftMode, FinishReason, GenerateParams, Generation};
+use perch_engine::decode::{
+    generate_from, generate_marked, DraftMode, FinishReason, GenerateParams, Generation,
+};
 use perch_engine::model::kv_cache::KvState;
 use perch_engine::prefix_cache::{CacheKey, PrefixCache, PrefixCacheConfig, PrefixStats};
 use perch_engine::{LoadedModel, SamplingParams};
@@ -40,14 +42,31 @@ fn run(
 }
 
 /// Generation 1 on `first`, then `second` (which starts with part of what generation 1 saw)
-/// once cold and once from the cache. Returns the tokens reused.
+/// once cold and once from the cache. Returns the tokens reused. The cache keeps what
+/// generation 1 left and, as the engine does, the states its prefill marked on the way.
 fn check(name: &str, model: &LoadedModel, first: &[u32], tail: Tail, p: &GenerateParams) -> usize {
+    check_with(name, model, first, tail, p, true)
+}
+
+fn check_with(
+    name: &str,
+    model: &LoadedModel,
+    first: &[u32],
+    tail: Tail,
+    p: &GenerateParams,
+    keep_marks: bool,
+) -> usize {
     let mut cache =
         PrefixCache::new(&PrefixCacheConfig::default(), Arc::new(PrefixStats::default()));
     let key = CacheKey::of(model, None);
     let mtp = matches!(p.draft, DraftMode::Mtp { .. });
-    let (g1, state) = run(model, first, p, None);
+    let (g1, state, marks) = generate_marked(model, first, p, None, None, |_, _| {}).unwrap();
     assert_eq!(g1.cached_tokens, 0);
+    if keep_marks {
+        for mark in marks {
+            cache.keep(key.clone(), mark);
+        }
+    }
     let state = state.expect("a finished generation leaves its state");
     assert_eq!(state.tokens[..first.len()], first[..], "{name}: the state holds the prompt");
     cache.store(key.clone(), state);
@@ -95,7 +114,7 @@ fn cached_and_uncached_runs_agree_on_every_fixture() {
 }
 
 #[test]
-fn sliding_windows_reuse_what_the_ring_still_holds_and_nothing_else() {
+fn sliding_windows_reuse_what_the_ring_still_holds_and_the_prefills_marks() {
     // Gemma fixture: window 8 (+32 slack for drafts). The prompt crosses the window many times.
     let model = load_fixture("gemma3");
     let p = params(DraftMode::None, true);
@@ -103,8 +122,15 @@ fn sliding_windows_reuse_what_the_ring_still_holds_and_nothing_else() {
     // The prefix ends inside the ring's reach: reused.
     assert_eq!(check("gemma3", &model, &first, Tail::NextTurn(3), &p), 93);
     assert_eq!(check("gemma3", &model, &first, Tail::Diverge(85), &p), 85);
-    // A prefix the ring no longer holds: prefilled again, and still the same answer.
-    assert_eq!(check("gemma3", &model, &first, Tail::Diverge(40), &p), 0);
+    // A prefix the final state's rings no longer hold (another conversation sharing the
+    // first 40 tokens): the prefill's mark at 48 (chunks of 16) cut back to 40 serves it,
+    // with the same answer; without the marks it is prefilled again, same answer too.
+    assert_eq!(check("gemma3", &model, &first, Tail::Diverge(40), &p), 40);
+    assert_eq!(check_with("gemma3", &model, &first, Tail::Diverge(40), &p, false), 0);
+    // Across the drafting loop as well (the mark at 64).
+    let lookup = params(DraftMode::Lookup { min_ngram: 1, max_ngram: 3, max_draft: 4 }, false);
+    assert_eq!(check("gemma3", &model, &first, Tail::Diverge(60), &lookup), 60);
+    assert_eq!(check_with("gemma3", &model, &first, Tail::Diverge(60), &lookup, false), 0);
     // Full-attention models reuse any prefix.
     let llama = load_fixture("llama");
     assert_eq!(check("llama", &llama, &long_prompt("llama", 90), Tail::Diverge(40), &p), 40);

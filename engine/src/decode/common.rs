@@ -298,6 +298,8 @@ pub(crate) struct Ended {
     pub caches: Vec<KvCache>,
     /// The MTP head's cache with only confirmed pairs in it.
     pub mtp: Option<KvCache>,
+    /// States the prefill kept on its way (`mark`).
+    pub marks: Vec<KvState>,
 }
 
 impl Ended {
@@ -309,14 +311,18 @@ impl Ended {
         reused: usize,
     ) -> Ended {
         generation.cached_tokens = reused;
-        Ended { generation, caches, mtp }
+        Ended { generation, caches, mtp, marks: vec![] }
+    }
+
+    pub fn with_marks(self, marks: Vec<KvState>) -> Ended {
+        Ended { marks, ..self }
     }
 
     /// What the caches hold, as a state the next generation can start from: the prompt and
     /// the generated tokens they saw (a token sampled but never fed is not in it; one fed
     /// but not output, such as end-of-sequence, is cut off). `None` when nothing is usable.
     pub fn into_state(self, prompt: &[u32]) -> (Generation, Option<KvState>) {
-        let Ended { generation, mut caches, mtp } = self;
+        let Ended { generation, mut caches, mtp, .. } = self;
         let held = caches.first().map_or(0, |c| c.offset() as usize);
         let n = held.min(prompt.len() + generation.tokens.len());
         let cut = (held - n) as i32;
@@ -336,24 +342,44 @@ impl Ended {
     }
 }
 
-/// Prefill `ids` in chunks, evaluating only the caches (the logits of these positions are
-/// never needed, so MLX never computes them). False if cancelled first.
+/// Prefill `prompt[range]` in chunks, evaluating only the caches (the logits of these
+/// positions are never needed, so MLX never computes them). False if cancelled first. Each
+/// chunk's end before the range's end is offered to `marks` (see `mark`).
 pub(crate) fn prefill(
     model: &LoadedModel,
-    ids: &[u32],
+    prompt: &[u32],
+    range: std::ops::Range<usize>,
     chunk: usize,
     caches: &mut [KvCache],
     cancel: Option<&AtomicBool>,
+    marks: &mut Vec<KvState>,
 ) -> Result<bool> {
-    for chunk in ids.chunks(chunk.max(1)) {
+    let mut at = range.start;
+    for chunk in prompt[range.clone()].chunks(chunk.max(1)) {
         if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
             return Ok(false);
         }
         // Hidden states only: nothing reads a prefill's logits.
         model.hidden(&token_array(chunk), caches)?;
         eval(caches.iter().flat_map(|c| c.state()))?;
+        at += chunk.len();
+        if at < range.end {
+            mark(prompt, at, caches, marks);
+        }
     }
     Ok(true)
+}
+
+/// Keep the caches after `prompt[..at]` as a state of their own when some layer is a
+/// sliding-window ring. The state a generation leaves can be cut back only as far as its
+/// rings still reach (window + slack), so without these a later prompt that shares a long
+/// prefix but not the rest (another conversation with the same system prompt) would find
+/// nothing to reuse. Cheap: the arrays are shared until the next chunk writes new ones.
+pub(crate) fn mark(prompt: &[u32], at: usize, caches: &[KvCache], marks: &mut Vec<KvState>) {
+    if caches.iter().any(|c| c.ring().is_some()) {
+        let layers = caches.to_vec();
+        marks.push(KvState { tokens: prompt[..at].to_vec(), layers, mtp: None });
+    }
 }
 
 /// Checks every decoding mode shares; returns the number of tokens that may be generated.

@@ -26,10 +26,12 @@ fn generate_plain(
     let Request { model, prompt, params, cancel } = req;
 
     let last = prompt[prompt.len() - 1];
-    let head = &prompt[reused..prompt.len() - 1];
-    if !prefill(model, head, params.prefill_chunk, &mut caches, cancel)? {
+    let mut marks = vec![];
+    let head = reused..prompt.len() - 1;
+    if !prefill(model, prompt, head, params.prefill_chunk, &mut caches, cancel, &mut marks)? {
         // What was prefilled stays usable: a retry of the same prompt starts from it.
-        return Ok(Ended::new(cancelled_early(prompt.len(), start), caches, None, reused));
+        let ended = Ended::new(cancelled_early(prompt.len(), start), caches, None, reused);
+        return Ok(ended.with_marks(marks));
     }
 
     let mut step = |input: &Array, caches: &mut [KvCache]| -> Result<Array> {
@@ -63,7 +65,7 @@ fn generate_plain(
     if let Some(pending) = queued.take() {
         pending.eval()?;
     }
-    Ok(Ended::new(out.finish(prompt.len(), start, None)?, caches, None, reused))
+    Ok(Ended::new(out.finish(prompt.len(), start, None)?, caches, None, reused).with_marks(marks))
 }
 
 /// Generate from `prompt` token ids. `on_text` receives each new piece of text as soon as it
@@ -102,10 +104,25 @@ pub fn generate_from(
     params: &GenerateParams,
     cancel: Option<&AtomicBool>,
     from: Option<KvState>,
-    mut on_piece: impl FnMut(&str, &[TokenLogprob]),
+    on_piece: impl FnMut(&str, &[TokenLogprob]),
 ) -> Result<(Generation, Option<KvState>)> {
+    let (g, state, _) = generate_marked(model, prompt, params, cancel, from, on_piece)?;
+    Ok((g, state))
+}
+
+/// `generate_from`, also returning the states the prefill kept on its way: on models with
+/// sliding-window layers, the caches after each prefill chunk (`common::mark`), which a later
+/// prompt sharing only part of this one can start from.
+pub fn generate_marked(
+    model: &LoadedModel,
+    prompt: &[u32],
+    params: &GenerateParams,
+    cancel: Option<&AtomicBool>,
+    from: Option<KvState>,
+    mut on_piece: impl FnMut(&str, &[TokenLogprob]),
+) -> Result<(Generation, Option<KvState>, Vec<KvState>)> {
     let req = Request { model, prompt, params, cancel };
-    let ended = if params.logprobs.is_some() || params.constraint.is_some() {
+    let mut ended = if params.logprobs.is_some() || params.constraint.is_some() {
         super::guided::generate(req, from, &mut on_piece)?
     } else {
         match params.draft {
@@ -113,5 +130,7 @@ pub fn generate_from(
             _ => super::speculative::generate(req, from, &mut on_piece)?,
         }
     };
-    Ok(ended.into_state(prompt))
+    let marks = std::mem::take(&mut ended.marks);
+    let (g, state) = ended.into_state(prompt);
+    Ok((g, state, marks))
 }

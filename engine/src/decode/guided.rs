@@ -24,10 +24,12 @@ pub(crate) fn generate(
 ) -> Result<Ended> {
     let Begin { max_tokens, start, mut sampler, mut caches, reused, .. } = begin(&req, from)?;
     let Request { model, prompt, params, cancel } = req;
-    let head = &prompt[reused..prompt.len() - 1];
-    if !prefill(model, head, params.prefill_chunk, &mut caches, cancel)? {
+    let mut marks = vec![];
+    let head = reused..prompt.len() - 1;
+    if !prefill(model, prompt, head, params.prefill_chunk, &mut caches, cancel, &mut marks)? {
         // What was prefilled stays usable: a retry of the same prompt starts from it.
-        return Ok(Ended::new(cancelled_early(prompt.len(), start), caches, None, reused));
+        let ended = Ended::new(cancelled_early(prompt.len(), start), caches, None, reused);
+        return Ok(ended.with_marks(marks));
     }
     let mut grammar = params.constraint.clone();
     let mut rng = HostRng::new(
@@ -93,7 +95,7 @@ pub(crate) fn generate(
         }
         input = id;
     }
-    Ok(Ended::new(out.finish(prompt.len(), start, None)?, caches, None, reused))
+    Ok(Ended::new(out.finish(prompt.len(), start, None)?, caches, None, reused).with_marks(marks))
 }
 
 fn token_logprob(model: &LoadedModel, logits: &[f32], id: u32, top: usize) -> Result<TokenLogprob> {

@@ -16,5 +16,5 @@ pub use common::{
     context_room, AdapterRef, DraftMode, DraftStats, FinishReason, GenerateParams, Generation,
     TokenLogprob, TopLogprob,
 };
-pub use generate::{generate, generate_from, generate_streaming};
+pub use generate::{generate, generate_from, generate_marked, generate_streaming};
 pub use stop::StopMatcher;

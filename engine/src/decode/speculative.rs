@@ -18,8 +18,8 @@ use mlx_rs::transforms::eval;
 use mlx_rs::{random, Array};
 
 use super::common::{
-    begin, cancelled_early, token_array, Begin, DraftMode, DraftStats, Ended, Output, Request,
-    TokenLogprob,
+    begin, cancelled_early, mark, token_array, Begin, DraftMode, DraftStats, Ended, Output,
+    Request, TokenLogprob,
 };
 use super::sampler::Sampler;
 use crate::error::{EngineError, Result};
@@ -243,10 +243,12 @@ pub(crate) fn generate(
     let last = &prompt[prompt.len() - 1..];
     let head = &prompt[reused..prompt.len() - 1];
     let chunk = params.prefill_chunk.max(1);
+    let mut marks = vec![];
     for (c, ids) in head.chunks(chunk).enumerate() {
         if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
             // What was prefilled stays usable: a retry of the same prompt starts from it.
-            return Ok(Ended::new(cancelled_early(prompt.len(), start), caches, None, reused));
+            let ended = Ended::new(cancelled_early(prompt.len(), start), caches, None, reused);
+            return Ok(ended.with_marks(marks));
         }
         let hidden = model.hidden(&token_array(ids), &mut caches)?;
         let mut state: Vec<&Array> = caches.iter().flat_map(|c| c.state()).collect();
@@ -261,6 +263,10 @@ pub(crate) fn generate(
             state.extend(m.cache.state());
         }
         eval(state)?;
+        let at = reused + c * chunk + ids.len();
+        if at < prompt.len() - 1 {
+            mark(prompt, at, &caches, &mut marks);
+        }
     }
 
     let mut out = Output::new(model, params, max_tokens, cancel, on_piece);
@@ -351,7 +357,7 @@ pub(crate) fn generate(
     let generation = out.finish(prompt.len(), start, Some(stats))?;
     // Only the MTP head's confirmed pairs are worth keeping.
     let mtp = mtp.and_then(|mut m| (m.cache.trim(m.chained) == m.chained).then_some(m.cache));
-    Ok(Ended::new(generation, caches, mtp, reused))
+    Ok(Ended::new(generation, caches, mtp, reused).with_marks(marks))
 }
 
 #[cfg(test)]

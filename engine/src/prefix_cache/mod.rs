@@ -169,6 +169,20 @@ fn usable(state: &KvState, prompt: &[u32], mtp: bool) -> usize {
     }
 }
 
+/// The shortest prefix `state` can be cut back to (0 when it has no sliding-window ring).
+/// A state that can be cut back to n can be cut back to any longer prefix, so this bisects.
+fn shortest_cut(state: &KvState) -> usize {
+    let (mut lo, mut hi) = (0, state.len());
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        match state.can_truncate(mid) {
+            true => hi = mid,
+            false => lo = mid + 1,
+        }
+    }
+    lo
+}
+
 impl PrefixCache {
     pub fn new(config: &PrefixCacheConfig, stats: Arc<PrefixStats>) -> PrefixCache {
         let disk = match &config.disk_dir {
@@ -255,10 +269,13 @@ impl PrefixCache {
         if bytes > self.ram_budget {
             return;
         }
+        // The new state stands in for an old one only if it reaches every prefix the old one
+        // could serve: with sliding-window rings, cutting back to the old one's length is not
+        // enough (a chain of such replacements would lose the oldest prefixes).
         let covers = |old: &KvState| {
             old.len() <= state.len()
                 && state.tokens[..old.len()] == old.tokens[..]
-                && state.can_truncate(old.len())
+                && state.can_truncate(shortest_cut(old))
                 && old
                     .mtp
                     .as_ref()

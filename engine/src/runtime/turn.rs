@@ -20,7 +20,7 @@ use super::{GateError, GatePermit, Lease, Policy, UserRequest};
 use crate::chat::{Tool, ToolChoice};
 use crate::decode::sampler::SamplingParams;
 use crate::decode::{
-    context_room, generate_from, DraftMode, GenerateParams, Generation, TokenLogprob,
+    context_room, generate_marked, DraftMode, GenerateParams, Generation, TokenLogprob,
 };
 use crate::error::{EngineError, Result};
 use crate::prefix_cache::CacheKey;
@@ -413,9 +413,14 @@ fn generate(
         let from = w.prefix.lookup(&key, &prompt, mtp);
         let model = w.attach(&owned, params.adapter.as_ref())?;
         // The adapter applies to this generation only; background work never sees it.
-        let g = generate_from(model, &prompt, &params, Some(&cancel), from, &mut on_piece);
+        let g = generate_marked(model, &prompt, &params, Some(&cancel), from, &mut on_piece);
         model.adapter = None;
-        let (g, state) = g?;
+        let (g, state, marks) = g?;
+        // The prefill's marks stay in RAM only (LRU like any state); the disk tier keeps
+        // what the generation left.
+        for mark in marks {
+            w.prefix.keep(key.clone(), mark);
+        }
         let mut to_disk = None;
         if let Some(state) = state {
             if w.prefix.wants_on_disk(&state) {
