@@ -280,6 +280,9 @@ pub fn load_model_as(dir: &Path, dtype: ComputeDtype) -> Result<LoadedModel> {
 fn load_once(dir: &Path, dtype: ComputeDtype) -> Result<(LoadedModel, bool)> {
     let cfg = ModelConfig::read(dir)?;
     let architecture = cfg.str("model_type")?.to_string();
+    // The tokenizer first: parsing a large tokenizer.json (Gemma's 262k vocabulary) briefly
+    // takes more memory than it keeps, and that peak should not sit on top of the weights.
+    let tokenizer = std::sync::Arc::new(Tokenizer::load(dir, &cfg.token_ids("eos_token_id"))?);
     let mut weights = Weights::load(dir, dtype)?;
     let stack_shape = match architecture.as_str() {
         "llama" => Some(llama::shape(&cfg)?),
@@ -312,7 +315,6 @@ fn load_once(dir: &Path, dtype: ComputeDtype) -> Result<(LoadedModel, bool)> {
             ),
         });
     }
-    let tokenizer = std::sync::Arc::new(Tokenizer::load(dir, &cfg.token_ids("eos_token_id"))?);
     let compute_dtype = weights.compute_dtype();
     let (recovered, reused, saved) = weights.save_host_copies();
     let id = dir.file_name().and_then(|n| n.to_str()).unwrap_or("model").to_string();
