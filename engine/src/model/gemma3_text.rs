@@ -5,6 +5,7 @@
 
 use mlx_rs::Array;
 
+use super::host_step;
 use super::layers::{Attention, AttentionShape, Mlp, RmsNorm, Rope};
 use super::linear::Embedding;
 use super::weights::Weights;
@@ -24,6 +25,14 @@ struct Block {
 
 impl Block {
     fn forward(&self, x: &Array, cache: &mut KvCache, lora: Option<&LayerLora>) -> Result<Array> {
+        if self.mlp.steps_on_host(x, lora) {
+            let xs = host_step::values(x)?;
+            let n = host_step::array(&self.input_norm.host(&xs)?, x)?;
+            let r = host_step::values(&self.attention.forward(&n, cache, None)?)?;
+            let h = host_step::add(&xs, &self.post_attention_norm.host(&r)?);
+            let m = self.mlp.host(&self.pre_feedforward_norm.host(&h)?);
+            return host_step::array(&host_step::add(&h, &self.post_feedforward_norm.host(&m)?), x);
+        }
         let r = self.attention.forward(&self.input_norm.forward(x)?, cache, lora)?;
         let h = x.add(self.post_attention_norm.forward(&r)?)?;
         let r = self.mlp.forward(&self.pre_feedforward_norm.forward(&h)?, lora)?;

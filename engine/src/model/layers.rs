@@ -7,6 +7,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 
 use super::host_matrix::HostMatrix;
+use super::host_step;
 use super::linear::{Embedding, Linear};
 use super::weights::Weights;
 use super::ModelConfig;
@@ -17,21 +18,39 @@ use crate::model::lora::{layer_of, LayerLora, Lora, ProjectionDims, Target};
 pub struct RmsNorm {
     weight: Array,
     eps: f32,
+    /// The weight's values, read at a host step's first use of the norm.
+    host: std::sync::OnceLock<Vec<f32>>,
 }
 
 impl RmsNorm {
     pub fn load(w: &mut Weights, name: &str, dim: i32, eps: f32) -> Result<RmsNorm> {
-        Ok(RmsNorm { weight: w.take(&format!("{name}.weight"), &[dim])?, eps })
+        Ok(RmsNorm {
+            weight: w.take(&format!("{name}.weight"), &[dim])?,
+            eps,
+            host: <_>::default(),
+        })
     }
 
     /// Gemma's norm scales by (1 + weight); folding the 1 in at load keeps the forward fused.
     pub fn load_plus_one(w: &mut Weights, name: &str, dim: i32, eps: f32) -> Result<RmsNorm> {
         let weight = w.take(&format!("{name}.weight"), &[dim])?;
-        Ok(RmsNorm { weight: weight.add(Array::from_f32(1.0))?, eps })
+        Ok(RmsNorm { weight: weight.add(Array::from_f32(1.0))?, eps, host: <_>::default() })
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
+    }
+
+    /// The norm of one vector on the host (`host_step`).
+    pub fn host(&self, x: &[f32]) -> Result<Vec<f32>> {
+        let weight = match self.host.get() {
+            Some(w) => w,
+            None => {
+                let w = host_step::values(&self.weight)?;
+                self.host.get_or_init(|| w)
+            }
+        };
+        Ok(host_step::rms_norm(x, weight, self.eps))
     }
 }
 
@@ -324,12 +343,28 @@ impl Mlp {
         Ok(Mlp { gelu: true, ..Mlp::load(w, cfg, prefix, hidden, inter, false)? })
     }
 
+    /// The MLP's host copies, when it has them and no adapter changes it.
+    fn host_pair(&self, lora: Option<&LayerLora>) -> Option<(&HostMatrix, &HostMatrix)> {
+        match lora {
+            None => self.gate_up.host_only().zip(self.down.host_only()),
+            Some(_) => None,
+        }
+    }
+
+    /// Whether `x` is one vector this MLP takes on the host: the block around it may then
+    /// keep its whole step there (`host_step`). f32 only, so no rounding to another dtype
+    /// between the pieces is skipped.
+    pub fn steps_on_host(&self, x: &Array, lora: Option<&LayerLora>) -> bool {
+        self.host_pair(lora).is_some_and(|(gate_up, _)| {
+            x.size() == gate_up.cols() && x.dtype() == Dtype::Float32 && gate_up.takes(x)
+        })
+    }
+
     pub fn forward(&self, x: &Array, lora: Option<&LayerLora>) -> Result<Array> {
-        if let (None, Some(gate_up), Some(down)) =
-            (lora, self.gate_up.host_only(), self.down.host_only())
-        {
+        if let Some((gate_up, down)) = self.host_pair(lora) {
             if x.size() == gate_up.cols() && gate_up.takes(x) {
-                return self.forward_host(x, gate_up, down);
+                let y = Self::host_values(self.gelu, gate_up, down, &host_step::values(x)?);
+                return Ok(Array::from_slice(&y, x.shape()).as_dtype(x.dtype())?);
             }
         }
         let mut gu = self.gate_up.forward(x)?.into_iter();
@@ -347,26 +382,19 @@ impl Mlp {
         }
     }
 
+    /// One vector through the whole MLP on the host (`steps_on_host` said yes).
+    pub fn host(&self, x: &[f32]) -> Vec<f32> {
+        let (gate_up, down) = self.host_pair(None).expect("steps_on_host checked the copies");
+        Self::host_values(self.gelu, gate_up, down, x)
+    }
+
     /// One vector through the whole MLP on the host (CPU backend, decode steps): one hand-over
     /// from MLX and back instead of two, and no MLX operations between the products.
-    fn forward_host(&self, x: &Array, gate_up: &HostMatrix, down: &HostMatrix) -> Result<Array> {
-        let xs = x.as_dtype(Dtype::Float32)?;
-        xs.eval()?;
-        let gu = gate_up.product(xs.as_slice::<f32>());
+    fn host_values(gelu: bool, gate_up: &HostMatrix, down: &HostMatrix, x: &[f32]) -> Vec<f32> {
+        let gu = gate_up.product(x);
         let (gate, up) = gu.split_at(gu.len() / 2);
-        let h: Vec<f32> = match self.gelu {
-            true => gate.iter().zip(up).map(|(&g, &u)| gelu_tanh(g) * u).collect(),
-            false => gate.iter().zip(up).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u).collect(),
-        };
-        let y = down.product(&h);
-        Ok(Array::from_slice(&y, x.shape()).as_dtype(x.dtype())?)
+        down.product(&host_step::gated(gelu, gate, up))
     }
-}
-
-/// GELU with the tanh approximation, as `nn::gelu_approximate` computes it.
-fn gelu_tanh(x: f32) -> f32 {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh())
 }
 
 /// The pre-norm decoder block of the Llama family:
@@ -409,6 +437,14 @@ impl PreNormBlock {
         cache: &mut KvCache,
         lora: Option<&LayerLora>,
     ) -> Result<Array> {
+        if self.mlp.steps_on_host(x, lora) {
+            let xs = host_step::values(x)?;
+            let n = host_step::array(&self.input_norm.host(&xs)?, x)?;
+            let h =
+                host_step::add(&xs, &host_step::values(&self.attention.forward(&n, cache, None)?)?);
+            let m = self.mlp.host(&self.post_attention_norm.host(&h)?);
+            return host_step::array(&host_step::add(&h, &m), x);
+        }
         let h = x.add(self.attention.forward(&self.input_norm.forward(x)?, cache, lora)?)?;
         Ok(h.add(self.mlp.forward(&self.post_attention_norm.forward(&h)?, lora)?)?)
     }

@@ -4,6 +4,7 @@
 
 pub mod gemma3_text;
 pub mod host_matrix;
+pub mod host_step;
 pub mod kv_cache;
 pub mod layers;
 pub mod linear;
