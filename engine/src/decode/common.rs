@@ -244,6 +244,8 @@ pub(crate) struct Request<'a> {
     pub prompt: &'a [u32],
     pub params: &'a GenerateParams,
     pub cancel: Option<&'a AtomicBool>,
+    /// Whether the prefill keeps states on its way (`Marks`): only callers that store them.
+    pub marks: bool,
 }
 
 /// What every decoding loop starts from: the request checked, the clock started, a sampler
@@ -314,8 +316,8 @@ impl Ended {
         Ended { generation, caches, mtp, marks: vec![] }
     }
 
-    pub fn with_marks(self, marks: Vec<KvState>) -> Ended {
-        Ended { marks, ..self }
+    pub fn with_marks(self, marks: Marks) -> Ended {
+        Ended { marks: marks.states, ..self }
     }
 
     /// What the caches hold, as a state the next generation can start from: the prompt and
@@ -352,7 +354,7 @@ pub(crate) fn prefill(
     chunk: usize,
     caches: &mut [KvCache],
     cancel: Option<&AtomicBool>,
-    marks: &mut Vec<KvState>,
+    marks: &mut Marks,
 ) -> Result<bool> {
     let mut at = range.start;
     for chunk in prompt[range.clone()].chunks(chunk.max(1)) {
@@ -364,21 +366,35 @@ pub(crate) fn prefill(
         eval(caches.iter().flat_map(|c| c.state()))?;
         at += chunk.len();
         if at < range.end {
-            mark(prompt, at, caches, marks);
+            marks.mark(prompt, at, caches);
         }
     }
     Ok(true)
 }
 
-/// Keep the caches after `prompt[..at]` as a state of their own when some layer is a
-/// sliding-window ring. The state a generation leaves can be cut back only as far as its
-/// rings still reach (window + slack), so without these a later prompt that shares a long
-/// prefix but not the rest (another conversation with the same system prompt) would find
-/// nothing to reuse. Cheap: the arrays are shared until the next chunk writes new ones.
-pub(crate) fn mark(prompt: &[u32], at: usize, caches: &[KvCache], marks: &mut Vec<KvState>) {
-    if caches.iter().any(|c| c.ring().is_some()) {
-        let layers = caches.to_vec();
-        marks.push(KvState { tokens: prompt[..at].to_vec(), layers, mtp: None });
+/// The states a prefill keeps on its way, when the caller stores them (`Request::marks`).
+pub(crate) struct Marks {
+    keep: bool,
+    pub states: Vec<KvState>,
+}
+
+impl Marks {
+    pub fn new(keep: bool) -> Marks {
+        Marks { keep, states: vec![] }
+    }
+
+    /// Keep the caches after `prompt[..at]` as a state of their own when some layer is a
+    /// sliding-window ring. The state a generation leaves can be cut back only as far as its
+    /// rings still reach (window + slack), so without these a later prompt that shares a long
+    /// prefix but not the rest (another conversation with the same system prompt) would find
+    /// nothing to reuse. The arrays are shared until the next chunk writes new ones, but a
+    /// kept state stops MLX from updating them in place, so callers that would throw the
+    /// states away (`perch run`, `perch bench`) do not ask for them.
+    pub fn mark(&mut self, prompt: &[u32], at: usize, caches: &[KvCache]) {
+        if self.keep && caches.iter().any(|c| c.ring().is_some()) {
+            let layers = caches.to_vec();
+            self.states.push(KvState { tokens: prompt[..at].to_vec(), layers, mtp: None });
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use mlx_rs::Array;
 
 use super::common::{
     begin, cancelled_early, host_u32, prefill, token_array, Begin, DraftMode, Ended,
-    GenerateParams, Generation, Output, Request, TokenLogprob,
+    GenerateParams, Generation, Marks, Output, Request, TokenLogprob,
 };
 use crate::error::Result;
 use crate::model::kv_cache::{KvCache, KvState};
@@ -23,10 +23,10 @@ fn generate_plain(
     on_piece: &mut dyn FnMut(&str, &[TokenLogprob]),
 ) -> Result<Ended> {
     let Begin { max_tokens, start, mut sampler, mut caches, reused, .. } = begin(&req, from)?;
-    let Request { model, prompt, params, cancel } = req;
+    let Request { model, prompt, params, cancel, marks: keep_marks } = req;
 
     let last = prompt[prompt.len() - 1];
-    let mut marks = vec![];
+    let mut marks = Marks::new(keep_marks);
     let head = reused..prompt.len() - 1;
     if !prefill(model, prompt, head, params.prefill_chunk, &mut caches, cancel, &mut marks)? {
         // What was prefilled stays usable: a retry of the same prompt starts from it.
@@ -104,14 +104,15 @@ pub fn generate_from(
     params: &GenerateParams,
     cancel: Option<&AtomicBool>,
     from: Option<KvState>,
-    on_piece: impl FnMut(&str, &[TokenLogprob]),
+    mut on_piece: impl FnMut(&str, &[TokenLogprob]),
 ) -> Result<(Generation, Option<KvState>)> {
-    let (g, state, _) = generate_marked(model, prompt, params, cancel, from, on_piece)?;
+    let req = Request { model, prompt, params, cancel, marks: false };
+    let (g, state, _) = dispatch(req, from, &mut on_piece)?;
     Ok((g, state))
 }
 
 /// `generate_from`, also returning the states the prefill kept on its way: on models with
-/// sliding-window layers, the caches after each prefill chunk (`common::mark`), which a later
+/// sliding-window layers, the caches after each prefill chunk (`common::Marks`), which a later
 /// prompt sharing only part of this one can start from.
 pub fn generate_marked(
     model: &LoadedModel,
@@ -121,16 +122,23 @@ pub fn generate_marked(
     from: Option<KvState>,
     mut on_piece: impl FnMut(&str, &[TokenLogprob]),
 ) -> Result<(Generation, Option<KvState>, Vec<KvState>)> {
-    let req = Request { model, prompt, params, cancel };
-    let mut ended = if params.logprobs.is_some() || params.constraint.is_some() {
-        super::guided::generate(req, from, &mut on_piece)?
+    dispatch(Request { model, prompt, params, cancel, marks: true }, from, &mut on_piece)
+}
+
+fn dispatch(
+    req: Request<'_>,
+    from: Option<KvState>,
+    on_piece: &mut dyn FnMut(&str, &[TokenLogprob]),
+) -> Result<(Generation, Option<KvState>, Vec<KvState>)> {
+    let mut ended = if req.params.logprobs.is_some() || req.params.constraint.is_some() {
+        super::guided::generate(req, from, on_piece)?
     } else {
-        match params.draft {
-            DraftMode::None => generate_plain(req, from, &mut on_piece)?,
-            _ => super::speculative::generate(req, from, &mut on_piece)?,
+        match req.params.draft {
+            DraftMode::None => generate_plain(req, from, on_piece)?,
+            _ => super::speculative::generate(req, from, on_piece)?,
         }
     };
     let marks = std::mem::take(&mut ended.marks);
-    let (g, state) = ended.into_state(prompt);
+    let (g, state) = ended.into_state(req.prompt);
     Ok((g, state, marks))
 }

@@ -7,7 +7,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::{async_eval, eval};
 
 use super::common::{
-    begin, cancelled_early, host_u32, prefill, token_array, Begin, Ended, Output, Request,
+    begin, cancelled_early, host_u32, prefill, token_array, Begin, Ended, Marks, Output, Request,
     TokenLogprob, TopLogprob,
 };
 use crate::error::{EngineError, Result};
@@ -23,8 +23,8 @@ pub(crate) fn generate(
     on_piece: &mut dyn FnMut(&str, &[TokenLogprob]),
 ) -> Result<Ended> {
     let Begin { max_tokens, start, mut sampler, mut caches, reused, .. } = begin(&req, from)?;
-    let Request { model, prompt, params, cancel } = req;
-    let mut marks = vec![];
+    let Request { model, prompt, params, cancel, marks: keep_marks } = req;
+    let mut marks = Marks::new(keep_marks);
     let head = reused..prompt.len() - 1;
     if !prefill(model, prompt, head, params.prefill_chunk, &mut caches, cancel, &mut marks)? {
         // What was prefilled stays usable: a retry of the same prompt starts from it.

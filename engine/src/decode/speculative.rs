@@ -18,7 +18,7 @@ use mlx_rs::transforms::eval;
 use mlx_rs::{random, Array};
 
 use super::common::{
-    begin, cancelled_early, mark, token_array, Begin, DraftMode, DraftStats, Ended, Output,
+    begin, cancelled_early, token_array, Begin, DraftMode, DraftStats, Ended, Marks, Output,
     Request, TokenLogprob,
 };
 use super::sampler::Sampler;
@@ -224,7 +224,7 @@ pub(crate) fn generate(
 ) -> Result<Ended> {
     req.params.draft.validate(req.model)?;
     let Begin { max_tokens, start, mut sampler, mut caches, mtp, reused } = begin(&req, from)?;
-    let Request { model, prompt, params, cancel } = req;
+    let Request { model, prompt, params, cancel, marks: keep_marks } = req;
     let vocab_ids = ops::arange::<_, i32>(None, model.vocab_size as i32, None)?;
     let mut mtp = match (&params.draft, &model.mtp, mtp) {
         (DraftMode::Mtp { depth }, Some(head), Some(cache)) => {
@@ -243,7 +243,7 @@ pub(crate) fn generate(
     let last = &prompt[prompt.len() - 1..];
     let head = &prompt[reused..prompt.len() - 1];
     let chunk = params.prefill_chunk.max(1);
-    let mut marks = vec![];
+    let mut marks = Marks::new(keep_marks);
     for (c, ids) in head.chunks(chunk).enumerate() {
         if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
             // What was prefilled stays usable: a retry of the same prompt starts from it.
@@ -265,7 +265,7 @@ pub(crate) fn generate(
         eval(state)?;
         let at = reused + c * chunk + ids.len();
         if at < prompt.len() - 1 {
-            mark(prompt, at, &caches, &mut marks);
+            marks.mark(prompt, at, &caches);
         }
     }
 
