@@ -224,6 +224,8 @@ def main():
     ap.add_argument("--gguf", type=Path, default=ROOT / ".deps/qwen/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
     ap.add_argument("--port", type=int, default=17342)
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--peer", action="append", choices=["llama.cpp", "mlx-lm"],
+                    help="run only these peers (repeatable; default: both)")
     a = ap.parse_args()
     model_dir = a.models_dir / MODEL_ID
     system, tools, turns = transcript(a.scale)
@@ -231,8 +233,10 @@ def main():
     started = time.time()
     p = perch_runs(system, tools, turns, a.port)
     peers = {}
-    if not a.no_peers:
+    wanted = [] if a.no_peers else (a.peer or ["llama.cpp", "mlx-lm"])
+    if "llama.cpp" in wanted:
         peers["llama.cpp"] = peer(LLAMA_CPP, a.gguf, prompts)
+    if "mlx-lm" in wanted:
         peers["mlx-lm"] = peer(MLX_LM, model_dir, prompts)
     print(f"agent transcript, scale {a.scale}, {TURNS} turns, one token per turn; seconds to first token\n")
     head = "turn  tokens  cached | perch cold  warm  ratio"
