@@ -230,6 +230,48 @@ fn the_disk_tier_survives_a_restart_and_bad_files_are_removed() {
     assert!(files().is_empty());
 }
 
+#[test]
+fn the_prefills_marks_reach_the_disk_and_serve_another_conversation_after_a_restart() {
+    // Gemma fixture (window 8 + 32 slack, chunks of 16): a 300-token prompt leaves a final
+    // state of 311 tokens, whose rings cannot be cut back to 250.
+    let model = load_fixture("gemma3");
+    let dir = tempfile::tempdir().unwrap();
+    let config = PrefixCacheConfig {
+        ram_bytes: 1 << 30,
+        disk_bytes: 1 << 30,
+        disk_dir: Some(dir.path().to_path_buf()),
+    };
+    let key = CacheKey::of(&model, None);
+    let p = params(DraftMode::None, true);
+    let first = long_prompt("gemma3", 300);
+    let (g, state, marks) = generate_marked(&model, &first, &p, None, None, |_, _| {}).unwrap();
+    {
+        let mut cache = PrefixCache::new(&config, Arc::new(PrefixStats::default()));
+        // What the engine does with a server turn's states.
+        for s in cache.keep_turn(&key, state, marks, g.cached_tokens) {
+            cache.persist(&key, &s);
+        }
+    }
+    let files = || std::fs::read_dir(dir.path()).unwrap().count();
+    // The final state and the marks at 256, 272 and 288 (the writer thread runs on its own).
+    wait_for(|| files() == 4);
+
+    // After a restart, another conversation sharing the first 250 tokens: a mark at 256 or
+    // 272 (on disk: marks of at least 256 tokens) cut back to 250 serves it.
+    let mut second = first[..250].to_vec();
+    second.extend_from_slice(&golden("gemma3").prompt_ids[3..9]);
+    let mut cache = PrefixCache::new(&config, Arc::new(PrefixStats::default()));
+    let from = cache.lookup(&key, &second, false);
+    assert_eq!(from.as_ref().map(|s| s.len()), Some(250), "a mark read back from disk");
+    let (warm, _) = run(&model, &second, &p, from);
+    let (cold, _) = run(&model, &second, &p, None);
+    assert_eq!(warm.cached_tokens, 250);
+    assert_eq!(warm.tokens, cold.tokens);
+    for (a, b) in warm.logprobs.iter().zip(&cold.logprobs) {
+        assert!((a.logprob - b.logprob).abs() < 1e-4);
+    }
+}
+
 fn wait_for(f: impl Fn() -> bool) {
     for _ in 0..200 {
         if f() {

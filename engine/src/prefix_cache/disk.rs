@@ -39,15 +39,35 @@ struct Header {
     tokens: Vec<u32>,
     layers: Vec<LayerHeader>,
     mtp: Option<LayerHeader>,
+    /// The shortest prefix the state can be cut back to (0: any; more with sliding-window
+    /// rings). Files from before this field read as 0: a lookup may then load one it cannot
+    /// use, and falls back to prefilling.
+    #[serde(default)]
+    shortest: usize,
 }
 
 struct DiskEntry {
     path: PathBuf,
     digest: String,
     tokens: Vec<u32>,
+    /// See `Header::shortest`.
+    shortest: usize,
     bytes: u64,
     /// Last use, in nanoseconds since the epoch (the file's modification time at start).
     used: u128,
+}
+
+impl DiskEntry {
+    /// How much of `prompt` (all but its last token, which the generation feeds itself) this
+    /// file's state can start: the shared prefix, if the state can be cut back to it.
+    fn serves(&self, prompt: &[u32]) -> usize {
+        let n = common_prefix(&self.tokens, prompt).min(prompt.len().saturating_sub(1));
+        if n >= self.shortest.max(1) {
+            n
+        } else {
+            0
+        }
+    }
 }
 
 type Index = Arc<Mutex<Vec<DiskEntry>>>;
@@ -56,6 +76,7 @@ struct Job {
     path: PathBuf,
     digest: String,
     tokens: Vec<u32>,
+    shortest: usize,
     header: Header,
     /// Flat, evaluated f32 arrays (the writer thread only reads them).
     arrays: Vec<Array>,
@@ -121,6 +142,7 @@ impl DiskTier {
                     path,
                     digest: h.digest,
                     tokens: h.tokens,
+                    shortest: h.shortest,
                     bytes,
                     used: meta
                         .modified()
@@ -151,25 +173,25 @@ impl DiskTier {
         Some(tier)
     }
 
-    /// The longest prefix of `prompt` a file for `key` holds.
+    /// The longest prefix of `prompt` a file for `key` can serve.
     pub fn best_prefix(&self, key: &CacheKey, prompt: &[u32]) -> usize {
-        self.index
-            .locked()
+        let index = self.index.locked();
+        index
             .iter()
             .filter(|e| e.digest == key.digest())
-            .map(|e| common_prefix(&e.tokens, prompt))
+            .map(|e| e.serves(prompt))
             .max()
             .unwrap_or(0)
     }
 
-    /// Read the file with the longest prefix of `prompt` back; a bad file is removed.
+    /// Read the file serving the longest prefix of `prompt` back; a bad file is removed.
     pub fn load(&mut self, key: &CacheKey, prompt: &[u32]) -> Option<KvState> {
         let path = {
             let index = self.index.locked();
             let best = index
                 .iter()
-                .filter(|e| e.digest == key.digest())
-                .max_by_key(|e| common_prefix(&e.tokens, prompt))?;
+                .filter(|e| e.digest == key.digest() && e.serves(prompt) > 0)
+                .max_by_key(|e| e.serves(prompt))?;
             (best.path.clone(), best.bytes)
         };
         let (path, indexed) = path;
@@ -198,18 +220,20 @@ impl DiskTier {
     /// Copy `state` into flat arrays and hand them to the writer thread, which checksums and
     /// writes them.
     pub fn store(&mut self, key: &CacheKey, state: &KvState) {
-        let (header, arrays) = match snapshot(key, state) {
+        let (mut header, arrays) = match snapshot(key, state) {
             Ok(b) => b,
             Err(e) => {
                 tracing::warn!(error = %e, "prefix cache: cannot save a state");
                 return;
             }
         };
+        header.shortest = super::shortest_cut(state);
         let name = format!("{}-{:016x}.kv", key.digest(), token_hash(&state.tokens));
         let _ = self.jobs.send(Job {
             path: self.dir.join(name),
             digest: key.digest().to_string(),
             tokens: state.tokens.clone(),
+            shortest: header.shortest,
             header,
             arrays,
             covers_prefixes: state.layers.iter().all(|c| c.ring().is_none()),
@@ -260,7 +284,8 @@ fn snapshot(key: &CacheKey, state: &KvState) -> mlx_rs::error::Result<(Header, V
         None => None,
     };
     mlx_rs::transforms::eval(arrays.iter())?;
-    let header = Header { digest: key.digest().into(), tokens: state.tokens.clone(), layers, mtp };
+    let tokens = state.tokens.clone();
+    let header = Header { digest: key.digest().into(), tokens, layers, mtp, shortest: 0 };
     Ok((header, arrays))
 }
 
@@ -313,6 +338,7 @@ fn write_job(job: Job, index: &Index, budget: u64, stats: &PrefixStats) {
         path: job.path,
         digest: job.digest,
         tokens: job.tokens,
+        shortest: job.shortest,
         bytes,
         used: now_nanos(),
     });

@@ -249,6 +249,30 @@ impl PrefixCache {
         }
     }
 
+    /// Keep what a server turn left: the generation's final state and the prefill's marks
+    /// (`decode::generate_marked`), in RAM. Returns those the disk tier wants, for `persist`
+    /// once the answer has gone. A turn that started cold (`reused` 0: a new conversation)
+    /// sends its marks there too, so that after a restart another conversation sharing its
+    /// long system prompt still finds it on a sliding-window model; later turns' marks lie
+    /// past the shared part and would only churn the tier.
+    pub fn keep_turn(
+        &mut self,
+        key: &CacheKey,
+        state: Option<KvState>,
+        marks: Vec<KvState>,
+        reused: usize,
+    ) -> Vec<KvState> {
+        let mut to_disk = vec![];
+        let marks = marks.into_iter().map(|m| (m, reused == 0));
+        for (s, disk) in marks.chain(state.map(|s| (s, true))) {
+            if disk && self.wants_on_disk(&s) {
+                to_disk.push(s.clone());
+            }
+            self.keep(key.clone(), s);
+        }
+        to_disk
+    }
+
     /// Whether `persist` would write `state` (a disk tier, and a state long enough).
     pub fn wants_on_disk(&self, state: &KvState) -> bool {
         self.disk.is_some() && state.len() >= DISK_MIN_TOKENS

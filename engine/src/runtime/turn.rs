@@ -416,25 +416,17 @@ fn generate(
         let g = generate_marked(model, &prompt, &params, Some(&cancel), from, &mut on_piece);
         model.adapter = None;
         let (g, state, marks) = g?;
-        // The prefill's marks stay in RAM only (LRU like any state); the disk tier keeps
-        // what the generation left.
-        for mark in marks {
-            w.prefix.keep(key.clone(), mark);
-        }
-        let mut to_disk = None;
-        if let Some(state) = state {
-            if w.prefix.wants_on_disk(&state) {
-                to_disk = Some((key.clone(), state.clone()));
-            }
-            w.prefix.keep(key, state);
-        }
-        Ok((g, to_disk))
+        let to_disk = w.prefix.keep_turn(&key, state, marks, g.cached_tokens);
+        Ok((g, (key, to_disk)))
     })?;
-    // Copying the state out for the disk tier is a job of its own behind this one, so the
+    // Copying the states out for the disk tier is a job of its own behind this one, so the
     // answer does not wait for it.
-    if let Some((key, state)) = to_disk {
+    let (key, to_disk) = to_disk;
+    if !to_disk.is_empty() {
         let _ = engine.mlx.submit(move |w| {
-            w.prefix.persist(&key, &state);
+            for state in &to_disk {
+                w.prefix.persist(&key, state);
+            }
             Ok(())
         });
     }
