@@ -170,15 +170,17 @@ fn a_state_keyed_for_other_weights_or_an_adapter_is_not_used() {
     assert_eq!(cache.lookup(&base, &prompt, false).map(|s| s.len()), Some(39));
 }
 
+/// A cache with both tiers, its disk tier in a fresh directory.
+fn disk_config() -> (tempfile::TempDir, PrefixCacheConfig) {
+    let dir = tempfile::tempdir().unwrap();
+    let disk_dir = Some(dir.path().to_path_buf());
+    (dir, PrefixCacheConfig { ram_bytes: 1 << 30, disk_bytes: 1 << 30, disk_dir })
+}
+
 #[test]
 fn the_disk_tier_survives_a_restart_and_bad_files_are_removed() {
     let model = load_fixture("qwen3");
-    let dir = tempfile::tempdir().unwrap();
-    let config = PrefixCacheConfig {
-        ram_bytes: 1 << 30,
-        disk_bytes: 1 << 30,
-        disk_dir: Some(dir.path().to_path_buf()),
-    };
+    let (dir, config) = disk_config();
     let key = CacheKey::of(&model, None);
     let p = params(DraftMode::None, true);
     let first = long_prompt("qwen3", 300);
@@ -235,12 +237,7 @@ fn the_prefills_marks_reach_the_disk_and_serve_another_conversation_after_a_rest
     // Gemma fixture (window 8 + 32 slack, chunks of 16): a 300-token prompt leaves a final
     // state of 311 tokens, whose rings cannot be cut back to 250.
     let model = load_fixture("gemma3");
-    let dir = tempfile::tempdir().unwrap();
-    let config = PrefixCacheConfig {
-        ram_bytes: 1 << 30,
-        disk_bytes: 1 << 30,
-        disk_dir: Some(dir.path().to_path_buf()),
-    };
+    let (dir, config) = disk_config();
     let key = CacheKey::of(&model, None);
     let p = params(DraftMode::None, true);
     let first = long_prompt("gemma3", 300);
