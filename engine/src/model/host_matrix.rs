@@ -229,7 +229,7 @@ impl HostMatrix {
     }
 
     /// One row at a time, for each vector in turn. (Two or four rows at a time, sharing the
-    /// vector's loads, ran the 152k-row head 1.7x slower from memory.)
+    /// vector's loads, ran the 152k-row head 1.7 to 2.2x slower from memory.)
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn rows_into_avx2(

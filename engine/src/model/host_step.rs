@@ -2,9 +2,8 @@
 //! MLP reads host copies also adds its residuals and applies its norms on the host, so MLX
 //! runs only the attention between the host products: one hand-over per layer, not three.
 //!
-//! Each hand-over evaluates a small MLX graph; a Qwen2.5-0.5B step spent about 13 of its
-//! ~50 ms in those evaluations, and the norms and additions between the products were a
-//! third of them.
+//! Each hand-over evaluates a small MLX graph: a Qwen2.5-0.5B step of 50 to 57 ms spent 13
+//! to 15 ms in those evaluations, 10 to 11 ms once the norms and additions moved here.
 
 use mlx_rs::{Array, Dtype};
 

@@ -351,21 +351,22 @@ impl Mlp {
         }
     }
 
+    /// The host copies, when `x` is one vector they can take.
+    fn host_for(&self, x: &Array, lora: Option<&LayerLora>) -> Option<(&HostMatrix, &HostMatrix)> {
+        self.host_pair(lora).filter(|(gate_up, _)| x.size() == gate_up.cols() && gate_up.takes(x))
+    }
+
     /// Whether `x` is one vector this MLP takes on the host: the block around it may then
     /// keep its whole step there (`host_step`). f32 only, so no rounding to another dtype
     /// between the pieces is skipped.
     pub fn steps_on_host(&self, x: &Array, lora: Option<&LayerLora>) -> bool {
-        self.host_pair(lora).is_some_and(|(gate_up, _)| {
-            x.size() == gate_up.cols() && x.dtype() == Dtype::Float32 && gate_up.takes(x)
-        })
+        x.dtype() == Dtype::Float32 && self.host_for(x, lora).is_some()
     }
 
     pub fn forward(&self, x: &Array, lora: Option<&LayerLora>) -> Result<Array> {
-        if let Some((gate_up, down)) = self.host_pair(lora) {
-            if x.size() == gate_up.cols() && gate_up.takes(x) {
-                let y = Self::host_values(self.gelu, gate_up, down, &host_step::values(x)?);
-                return Ok(Array::from_slice(&y, x.shape()).as_dtype(x.dtype())?);
-            }
+        if let Some((gate_up, down)) = self.host_for(x, lora) {
+            let y = Self::host_values(self.gelu, gate_up, down, &host_step::values(x)?);
+            return host_step::array(&y, x);
         }
         let mut gu = self.gate_up.forward(x)?.into_iter();
         let (mut gate, mut up) = (gu.next().unwrap(), gu.next().unwrap());
