@@ -22,6 +22,7 @@ use crate::error::{EngineError, Result};
 
 mod gemm;
 mod store;
+pub(crate) use gemm::{available as sgemm_available, sgemm_rows, Rows};
 pub use store::HostStore;
 
 /// Whether the host path may be used at all in this process (CPU backend, not switched off).
@@ -48,8 +49,13 @@ impl Drop for GraphOnly {
     }
 }
 
+/// Whether a `graph_only` guard is alive on this thread.
+pub(crate) fn building_graph() -> bool {
+    IN_GRAPH.with(|g| g.get())
+}
+
 /// The threads products run on: one per core, up to 8.
-fn pool() -> &'static rayon::ThreadPool {
+pub(crate) fn pool() -> &'static rayon::ThreadPool {
     static POOL: std::sync::OnceLock<rayon::ThreadPool> = std::sync::OnceLock::new();
     POOL.get_or_init(|| {
         let n = std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(1, 8);
@@ -135,7 +141,7 @@ impl HostMatrix {
     pub fn takes(&self, x: &Array) -> bool {
         let vectors = x.size() / self.cols;
         x.shape().last() == Some(&(self.cols as i32))
-            && !IN_GRAPH.with(|g| g.get())
+            && !building_graph()
             && (vectors <= gemm::FEW || gemm::available())
     }
 

@@ -136,6 +136,16 @@ impl KvCache {
         Ok((full_k, full_v, AttentionMask::Array(mask)))
     }
 
+    /// A full-attention cache's key and value buffers ([B, H, capacity, D]; the first
+    /// `offset` positions valid), for attention computed on the host. `None` for a sliding
+    /// window's ring, whose slots are not in position order.
+    pub fn buffers(&self) -> Option<(&Array, &Array)> {
+        match (self.window, &self.keys, &self.values) {
+            (None, Some(k), Some(v)) => Some((k, v)),
+            _ => None,
+        }
+    }
+
     /// Number of positions already cached (the next token's position).
     pub fn offset(&self) -> i32 {
         self.offset

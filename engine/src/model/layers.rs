@@ -6,6 +6,7 @@ use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 
+use super::host_attention;
 use super::host_matrix::HostMatrix;
 use super::host_step;
 use super::linear::{Embedding, Linear};
@@ -289,16 +290,20 @@ impl Attention {
         let q = self.rope.forward(&q, offset)?;
         let k = self.rope.forward(&k, offset)?;
         let (k, v, mask) = cache.update(&k, &v)?;
-        // MLX's causal mode aligns the mask to the bottom right, which is what a prefix in the
-        // cache needs.
-        let mask = match &mask {
-            AttentionMask::None => None,
-            AttentionMask::Causal => Some(ScaledDotProductAttentionMask::Causal),
-            AttentionMask::Array(m) => Some(ScaledDotProductAttentionMask::Array(m)),
+        // On the CPU backend the host computes it (see host_attention); MLX's causal mode
+        // aligns the mask to the bottom right, which is what a prefix in the cache needs.
+        let out = match host_attention::try_attend(&q, &k, &v, &mask, cache, self.scale)? {
+            Some(out) => out,
+            None => {
+                let mask = match &mask {
+                    AttentionMask::None => None,
+                    AttentionMask::Causal => Some(ScaledDotProductAttentionMask::Causal),
+                    AttentionMask::Array(m) => Some(ScaledDotProductAttentionMask::Array(m)),
+                };
+                let out = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask, None)?;
+                out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * self.head_dim])?
+            }
         };
-        let out = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask, None)?;
-        let out =
-            out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * self.head_dim])?;
         match lora {
             Some(l) => l.apply(Target::O, &out, self.o.forward(&out)?),
             None => self.o.forward(&out),

@@ -3,6 +3,7 @@
 //! One file per architecture; `layers` holds the pieces they share.
 
 pub mod gemma3_text;
+pub mod host_attention;
 pub mod host_matrix;
 pub mod host_step;
 pub mod kv_cache;

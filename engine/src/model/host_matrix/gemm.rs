@@ -64,6 +64,67 @@ pub fn available() -> bool {
     sgemm().is_some()
 }
 
+/// A row-major matrix operand for `sgemm_rows`: `rows` rows of `cols` values, each row
+/// starting `stride` values after the one before.
+pub(crate) struct Rows<'a> {
+    pub data: &'a [f32],
+    pub rows: usize,
+    pub cols: usize,
+    pub stride: usize,
+}
+
+impl Rows<'_> {
+    fn fits(&self) -> bool {
+        self.cols <= self.stride
+            && (self.rows == 0 || (self.rows - 1) * self.stride + self.cols <= self.data.len())
+    }
+}
+
+/// `c = alpha * a · b` (or `a · bᵀ` when `b_transposed`) by OpenBLAS, `c` row-major with rows
+/// `ldc` apart. False when no sgemm is loaded. Panics when an operand is shorter than its
+/// shape says or the shapes do not chain: the checks that make the call below sound.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sgemm_rows(
+    alpha: f32,
+    a: Rows,
+    b: Rows,
+    b_transposed: bool,
+    c: &mut [f32],
+    ldc: usize,
+) -> bool {
+    let Some(sgemm) = sgemm() else { return false };
+    let (m, k) = (a.rows, a.cols);
+    let n = if b_transposed { b.rows } else { b.cols };
+    assert!(a.fits() && b.fits(), "an sgemm operand shorter than its shape");
+    assert_eq!(k, if b_transposed { b.cols } else { b.rows }, "sgemm shapes do not chain");
+    assert!(n <= ldc && (m == 0 || (m - 1) * ldc + n <= c.len()), "an sgemm output too short");
+    if m == 0 || n == 0 {
+        return true;
+    }
+    let int = |v: usize| c_int::try_from(v).expect("an sgemm size over 2^31");
+    // SAFETY: every operand holds the rows its shape and stride describe (asserted above), and
+    // `c` the m rows of n values, ldc apart, that the call writes.
+    unsafe {
+        sgemm(
+            ROW_MAJOR,
+            NO_TRANS,
+            if b_transposed { TRANS } else { NO_TRANS },
+            int(m),
+            int(n),
+            int(k),
+            alpha,
+            a.data.as_ptr(),
+            int(a.stride),
+            b.data.as_ptr(),
+            int(b.stride),
+            0.0,
+            c.as_mut_ptr(),
+            int(ldc),
+        );
+    }
+    true
+}
+
 impl HostMatrix {
     /// `x @ W.T` for `l` vectors of `cols` values side by side (row-major [l, cols]): [l, rows].
     /// `None` when no sgemm is loaded (see `available`).
