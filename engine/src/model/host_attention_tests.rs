@@ -124,8 +124,8 @@ fn a_sliding_window_is_served_on_the_host() {
 /// Both exps (the vector one where this CPU has AVX2, and the portable one) against f64's.
 #[test]
 fn the_exps_are_close_to_f64_s() {
-    let paths: [(&str, fn(&mut [f32]) -> f32); 2] =
-        [("dispatched", exp_shifted), ("portable", exp_shifted_plain)];
+    type Exp = fn(&mut [f32]) -> f32;
+    let paths: [(&str, Exp); 2] = [("dispatched", exp_shifted), ("portable", exp_shifted_plain)];
     for (name, exp) in paths {
         // Shifted scores from 0 down to -90, 1001 of them (a tail past a multiple of eight).
         let xs: Vec<f32> = (0..1001).map(|i| -90.0 * i as f32 / 1000.0).collect();
