@@ -10,13 +10,14 @@ use std::time::{Duration, Instant};
 use futures_util::future::BoxFuture;
 use perch_engine::error::Result;
 use perch_engine::runtime::ladder::{LadderConfig, LadderState, RungWork, WarmupLadder};
-use perch_engine::runtime::{Foreground, Gate, Leases, Policy};
+use perch_engine::runtime::{Foreground, Gate, GatePermit, Leases};
 
 /// Rungs whose every chunk and step takes `step`, logging what ran and when.
 struct FakeRungs {
     step: Duration,
     log: Mutex<Vec<(Instant, String)>>,
     chunks: AtomicUsize,
+    steps: AtomicUsize,
 }
 
 impl FakeRungs {
@@ -25,6 +26,7 @@ impl FakeRungs {
             step: Duration::from_millis(step_ms),
             log: Mutex::new(vec![]),
             chunks: AtomicUsize::new(0),
+            steps: AtomicUsize::new(0),
         })
     }
 
@@ -54,6 +56,7 @@ impl RungWork for FakeRungs {
     }
 
     fn decode_step(&self) -> BoxFuture<'static, Result<()>> {
+        self.steps.fetch_add(1, Ordering::SeqCst);
         let step = self.step;
         Box::pin(async move {
             tokio::time::sleep(step).await;
@@ -77,8 +80,13 @@ struct Setup {
 
 /// Two rungs of two chunks each (chunk 100 tokens), 2 decode steps, `step_ms` per step.
 fn setup(grace: Duration, step_ms: u64) -> Setup {
+    setup_rungs(vec![200, 400], grace, step_ms)
+}
+
+/// `rungs` in chunks of 100 tokens, 2 decode steps, `step_ms` per step.
+fn setup_rungs(rungs: Vec<usize>, grace: Duration, step_ms: u64) -> Setup {
     let cfg = LadderConfig {
-        rungs: vec![200, 400],
+        rungs,
         chunk: 100,
         decode_tokens: 2,
         idle_grace: grace,
@@ -114,15 +122,43 @@ impl Setup {
         self.work.chunks.load(Ordering::SeqCst)
     }
 
+    /// Rungs that began: took the gate and a lease (each ends with `end_rung`, also one that
+    /// yielded before its first chunk).
+    fn rungs_begun(&self) -> usize {
+        self.work.events().iter().filter(|(_, e)| e == "end").count()
+    }
+
     /// Held: no rung has started (not even one that yielded at once).
     fn held(&self) {
         let st = self.ladder.status();
+        assert_eq!(self.rungs_begun(), 0, "a rung began while the ladder should hold");
         assert_eq!(
             (self.chunks(), st.interruptions, st.state),
             (0, 0, LadderState::Waiting),
             "the ladder did not hold"
         );
     }
+
+    /// Until `n` prefill chunks have begun.
+    async fn until_chunks(&self, n: usize) {
+        within(async {
+            while self.chunks() < n {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await;
+    }
+}
+
+/// A request that was served (queued, then ended): what the grace is measured from.
+fn served(fg: &Arc<Foreground>) {
+    let mut user = fg.arrive();
+    user.queue();
+}
+
+/// A user's turn at the gate, waiting behind whoever holds it.
+async fn wait_for_turn(gate: &Gate) -> GatePermit {
+    gate.enter().expect("the queue has room").wait().await
 }
 
 /// Every wait in these tests is bounded: a broken guard fails, it does not hang.
@@ -176,7 +212,7 @@ async fn holds_until_the_request_ends(s: Setup, user: perch_engine::runtime::Use
 #[tokio::test]
 async fn holds_at_idle_grace_zero_while_a_request_is_live() {
     let s = setup(Duration::ZERO, 2);
-    drop(s.fg.arrive()); // one request already completed: grace 0 would admit at once
+    served(&s.fg); // one request already completed: grace 0 would admit at once
     let mut user = s.fg.arrive();
     user.queue();
     user.start();
@@ -202,7 +238,7 @@ async fn holds_between_a_requests_arrival_and_its_start() {
 async fn the_next_rung_does_not_park_for_the_grace_again() {
     // A request completed 300 ms before the ladder may run; its rungs then run back to back.
     let s = setup(Duration::from_millis(300), 5);
-    drop(s.fg.arrive());
+    served(&s.fg);
     let t0 = Instant::now();
     within(s.start()).await.unwrap();
     let ev = s.work.events();
@@ -229,7 +265,7 @@ async fn a_running_rung_yields_within_one_chunk() {
     let arrived = Instant::now();
     let mut user = s.fg.arrive();
     user.queue();
-    let permit = within(s.gate.acquire(Policy::WaitForTurn)).await.unwrap();
+    let permit = within(wait_for_turn(&s.gate)).await;
     let waited = arrived.elapsed();
     user.start();
     println!(
@@ -262,7 +298,7 @@ async fn a_rung_interrupted_too_often_abandons_the_ladder() {
         .await;
         let mut user = s.fg.arrive();
         user.queue();
-        let p = within(s.gate.acquire(Policy::WaitForTurn)).await.unwrap();
+        let p = within(wait_for_turn(&s.gate)).await;
         user.start();
         drop(p);
     }
@@ -298,7 +334,7 @@ async fn mid_rung(s: &Setup) {
 async fn turn(s: &Setup) {
     let mut user = s.fg.arrive();
     user.queue();
-    let p = within(s.gate.acquire(Policy::WaitForTurn)).await.unwrap();
+    let p = within(wait_for_turn(&s.gate)).await;
     user.start();
     drop(p);
 }
@@ -340,4 +376,41 @@ async fn arrivals_that_never_queue_do_not_count_as_interruptions() {
     within(run).await.unwrap();
     let st = s.ladder.status();
     assert_eq!((st.state, st.interruptions, st.rungs_done), (LadderState::Done, 0, vec![200, 400]));
+}
+
+#[tokio::test]
+async fn a_rung_yields_between_its_prefill_chunks() {
+    // One rung of eight chunks: the user arrives during the second, far from the decode
+    // steps, so only the check between chunks can stop it.
+    let s = setup_rungs(vec![800], Duration::ZERO, 30);
+    let run = s.start();
+    s.until_chunks(2).await;
+    let mut user = s.fg.arrive();
+    user.queue();
+    let permit = within(wait_for_turn(&s.gate)).await;
+    user.start();
+    assert_eq!(s.chunks(), 2, "the rung's prefill went on past the chunk in flight");
+    assert_eq!(s.work.steps.load(Ordering::SeqCst), 0, "a decode step ran for a warmup");
+    drop(permit);
+    drop(user);
+    within(run).await.unwrap();
+    let st = s.ladder.status();
+    assert_eq!((st.state, st.interruptions, st.rungs_done), (LadderState::Done, 1, vec![800]));
+}
+
+#[tokio::test]
+async fn a_running_rung_yields_to_a_request_still_arriving() {
+    // The request is still being read (never queued, it holds no gate): the rung must stop
+    // at its next chunk boundary all the same, and stay stopped while the body is parsed.
+    let s = setup_rungs(vec![800], Duration::ZERO, 30);
+    let run = s.start();
+    s.until_chunks(2).await;
+    let arrival = s.fg.arrive();
+    tokio::time::sleep(Duration::from_millis(150)).await; // five chunks' time
+    assert_eq!(s.chunks(), 2, "the rung kept prefilling while a request was arriving");
+    assert_eq!(s.ladder.status().state, LadderState::Waiting);
+    drop(arrival); // it failed to parse: no turn, so no interruption counted
+    within(run).await.unwrap();
+    let st = s.ladder.status();
+    assert_eq!((st.state, st.interruptions, st.rungs_done), (LadderState::Done, 0, vec![800]));
 }

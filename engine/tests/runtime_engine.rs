@@ -319,3 +319,203 @@ async fn the_load_time_warmup_holds_a_lease_and_its_kill_switch_stops_it() {
     let m = engine.resident_snapshot().remove(0);
     assert_eq!((m.load_time_warmup, m.mtp_warm), (WarmupOutcome::Disabled, false));
 }
+
+/// Bounded waits: a broken rule fails here with `what`, it does not hang the test.
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(10), f).await.unwrap_or_else(|_| panic!("{what}"))
+}
+
+/// Hold the MLX thread until the sender is used (or dropped): what a long job does.
+fn hold_mlx(engine: &Engine) -> (std::sync::mpsc::Sender<()>, tokio::task::JoinHandle<()>) {
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let job = engine.mlx.submit(move |_| Ok(held.recv().ok())).unwrap();
+    (release, tokio::spawn(async move { job.await.unwrap().unwrap().unwrap_or_default() }))
+}
+
+async fn until(what: &str, cond: impl Fn() -> bool) {
+    within(what, async {
+        while !cond() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_time_warmup_past_its_deadline_is_cancelled_and_the_load_goes_on() {
+    use perch_engine::runtime::warmup::WarmupOutcome;
+    let _serial = SERIAL.lock().await;
+    let deadline = Duration::from_millis(300);
+    let cfg = EngineConfig {
+        draft: "mtp".into(),
+        max_resident: 2,
+        warmup_deadline: deadline,
+        ..config(LadderConfig::profile("off").unwrap())
+    };
+    let engine = Arc::new(Engine::start(cfg).unwrap());
+    engine.start_background();
+    let outcome = |e: &Engine| {
+        e.resident_snapshot().into_iter().find(|m| m.id == MTP_FIXTURE).map(|m| m.load_time_warmup)
+    };
+    // The MTP model's load queues behind a held MLX thread...
+    let (release_first, first) = hold_mlx(&engine);
+    let loader = {
+        let e = engine.clone();
+        tokio::spawn(async move { e.lease_model(MTP_FIXTURE).await })
+    };
+    until("the load never queued", || engine.mlx.pending() >= 1).await;
+    // ...and a second hold queues behind the load, so its warmup cannot run before the
+    // deadline passes.
+    let (release_second, second) = hold_mlx(&engine);
+    // A second request for the model waits on the load lock meanwhile.
+    let waiter = {
+        let e = engine.clone();
+        tokio::spawn(async move { e.lease_model(MTP_FIXTURE).await })
+    };
+    let loads = || engine.loading().iter().filter(|m| *m == MTP_FIXTURE).count();
+    until("the second request never waited for the load", || loads() == 2).await;
+    release_first.send(()).unwrap();
+    first.await.unwrap();
+    // The load publishes and lets go of the load lock before its warmup: the second request
+    // has its lease while the warmup is still waiting.
+    let early = within("the second request waited for the warmup", waiter).await.unwrap().unwrap();
+    assert_eq!(outcome(&engine), Some(WarmupOutcome::NotApplicable), "the warmup already ended");
+    // The deadline passes: the warmup is cancelled and the load finishes all the same, while
+    // the MLX thread is still held (the load did not wait for the warmup's work).
+    let t = Instant::now();
+    let lease = within("the load hung on its warmup", loader).await.unwrap().unwrap();
+    println!(
+        "the load ended {:.0} ms after the model was published",
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    assert!(!second.is_finished(), "the MLX thread was released before the load ended");
+    let m = engine.resident_snapshot().into_iter().find(|m| m.id == MTP_FIXTURE).unwrap();
+    assert_eq!((m.load_time_warmup, m.mtp_warm), (WarmupOutcome::TimedOut, false));
+    assert!(
+        engine.gate.snapshot().waiting == 0 && !engine.gate.snapshot().busy,
+        "the gate is held"
+    );
+    drop((lease, early));
+    release_second.send(()).unwrap();
+    second.await.unwrap();
+    // The cancelled warmup stops when the thread reaches it; the model serves, nothing leaks.
+    let (g, _) = request(&engine, MTP_FIXTURE, golden(MTP_FIXTURE).prompt_ids, 4).await;
+    assert_eq!(g.tokens.len(), 4);
+    engine.stop_background();
+    assert!(engine.leases.drain(None, Duration::from_secs(10)).await, "a lease leaked");
+}
+
+/// What an observer heard of each turn's end.
+#[derive(Default, Clone)]
+struct Recorder(Arc<std::sync::Mutex<Vec<perch_engine::runtime::TurnFinish>>>);
+
+struct Mark(Recorder);
+
+impl perch_engine::runtime::TurnMark for Mark {
+    fn finish(self: Box<Self>, f: perch_engine::runtime::TurnFinish) {
+        self.0 .0.lock().unwrap().push(f);
+    }
+}
+
+impl perch_engine::runtime::TurnObserver for Recorder {
+    fn turn_begin(&self) -> Box<dyn perch_engine::runtime::TurnMark> {
+        Box::new(Mark(self.clone()))
+    }
+    fn stop(&self, _: Option<&str>, _: &str) {}
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_observer_hears_each_turn_s_tokens_prefill_end_and_mode() {
+    use perch_engine::decode::DraftMode;
+    use perch_engine::runtime::{DecodeMode, DraftChoice};
+    let _serial = SERIAL.lock().await;
+    let engine = Arc::new(Engine::start(config(LadderConfig::profile("off").unwrap())).unwrap());
+    let recorder = Recorder::default();
+    engine.set_observer(Arc::new(recorder.clone()));
+    let prompt = golden("qwen3").prompt_ids;
+    let turn = |f: fn(Turn) -> Turn| {
+        f(Turn {
+            max_tokens: Some(9),
+            ignore_eos: true,
+            ..Turn::new("qwen3".parse().unwrap(), Prompt::Tokens(prompt.clone()))
+        })
+    };
+    let plain = turn(|t| t);
+    let guided = turn(|t| Turn { logprobs: Some(2), ..t });
+    let lookup = turn(|t| Turn { draft: DraftChoice::Use(DraftMode::lookup()), ..t });
+    let mut ends = vec![];
+    for t in [plain, guided, lookup] {
+        ends.push(Arrival::now(&engine).run(t).await.unwrap().generation);
+    }
+    let heard = recorder.0.lock().unwrap().clone();
+    assert_eq!(heard.len(), 3);
+    for ((f, g), mode) in
+        heard.iter().zip(&ends).zip([DecodeMode::Plain, DecodeMode::Guided, DecodeMode::Lookup])
+    {
+        assert_eq!(f.tokens_after_first, g.tokens.len() - 1, "decode steps");
+        assert_eq!(f.prefill, g.ttft, "the prefill is the generation's time to its first token");
+        assert_eq!(f.at, g.finished_at, "the end is stamped where the last token was made");
+        assert_eq!(f.mode, mode, "{:?}", g.draft);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_alive_spares_a_model_used_while_its_unload_waited_for_the_load_lock() {
+    let _serial = SERIAL.lock().await;
+    let keep = Duration::from_secs(2);
+    let cfg = EngineConfig {
+        max_resident: 2,
+        keep_alive: KeepAlive::For(keep),
+        ..config(LadderConfig::profile("off").unwrap())
+    };
+    let engine = Arc::new(Engine::start(cfg).unwrap());
+    engine.start_background();
+    // A load holds the load lock for as long as the MLX thread is held.
+    let (release, held) = hold_mlx(&engine);
+    let loader = {
+        let e = engine.clone();
+        tokio::spawn(async move { e.lease_model(MTP_FIXTURE).await })
+    };
+    until("the load never queued", || engine.mlx.pending() >= 1).await;
+    // qwen3 goes idle past its keep-alive; the reaper finds it so and waits for the lock.
+    tokio::time::sleep(keep + Duration::from_millis(700)).await;
+    assert!(engine.resident_ids().contains(&"qwen3".to_string()));
+    // Then a request uses it.
+    drop(engine.lease_if_resident("qwen3").expect("qwen3 gives a lease"));
+    release.send(()).unwrap();
+    held.await.unwrap();
+    drop(within("the load never ended", loader).await.unwrap().unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let q = engine.resident_snapshot().into_iter().find(|m| m.id == "qwen3");
+    assert!(
+        q.is_some_and(|m| !m.unloading),
+        "a model used {:?} ago was unloaded by a keep-alive of {keep:?}",
+        Duration::from_millis(300)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_waiting_for_leases_does_not_hold_other_unloads() {
+    let _serial = SERIAL.lock().await;
+    let cfg = EngineConfig { max_resident: 2, ..config(LadderConfig::profile("off").unwrap()) };
+    let engine = Arc::new(Engine::start(cfg).unwrap());
+    engine.start_background();
+    // qwen3 is in use by a long turn and is the least recently used; llama is idle.
+    let held = engine.lease_model("qwen3").await.unwrap();
+    drop(engine.lease_model("llama").await.unwrap());
+    let loader = {
+        let e = engine.clone();
+        tokio::spawn(async move { e.lease_model(MTP_FIXTURE).await })
+    };
+    until("the eviction never started", || {
+        engine.resident_snapshot().iter().any(|m| m.id == "qwen3" && m.unloading)
+    })
+    .await;
+    // While the eviction waits for qwen3's turn, unloading llama goes ahead.
+    within("an unload waited for an eviction's leases", engine.unload("llama")).await.unwrap();
+    assert!(!engine.resident_ids().contains(&"llama".to_string()));
+    drop(held);
+    drop(within("the load never ended", loader).await.unwrap().unwrap());
+    assert_eq!(engine.resident_ids(), [MTP_FIXTURE]);
+    assert!(engine.leases.drain(None, Duration::from_secs(10)).await, "a lease leaked");
+}

@@ -471,3 +471,24 @@ async fn a_window_that_dies_mid_work_is_closed_by_the_run_end() {
     );
     s.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_that_fails_on_the_mlx_thread_ends_the_run() {
+    let models = tempfile::tempdir().unwrap();
+    install_fixture("qwen3", &models.path().join("qwen3"));
+    let s = start(models.path(), "qwen3").await;
+    // The model is resident (its lease needs no MLX job); the trainer's setup then cannot be
+    // handed to the MLX thread.
+    s.front.app().unwrap().engine.mlx.close();
+    let body = json!({"adapter": "never", "text": pattern_text(400), "seq_len": 64});
+    let (code, st) = call(&s, Method::POST, "/train", Some(body.clone())).await;
+    assert_eq!(code, 500, "{st}");
+    let (_, run) = call(&s, Method::GET, "/train", None).await;
+    assert_eq!(run["state"], "failed", "the run stayed installed: {run}");
+    assert!(run["error"].as_str().unwrap_or("").contains("MLX thread"), "{run}");
+    // The next start is not refused as busy by a run that never began.
+    let (code, st) = call(&s, Method::POST, "/train", Some(body)).await;
+    assert_ne!(code, 409, "a failed start left the run `starting`: {st}");
+    let (_, health) = call(&s, Method::GET, "/health", None).await;
+    assert_eq!(health["leases"]["total"], 0, "{health}");
+}

@@ -154,11 +154,16 @@ pub struct Engine {
     pub mlx: MlxThread,
     /// What the prefix cache (on the MLX thread) has done and holds.
     pub prefix: Arc<PrefixStats>,
+    /// Where every prompt is rendered and tokenized, a bounded number at once.
+    pub(super) preparing: Arc<super::prepare::Preparing>,
     /// Least recently used first.
     resident: Mutex<Vec<Resident>>,
     known: Mutex<HashMap<String, ModelInfo>>,
-    /// One load or unload at a time.
+    /// One load or unload changes the resident models at a time. Never held while waiting
+    /// for leases: an eviction waiting for a long turn would stall every other load and unload.
     load_lock: tokio::sync::Mutex<()>,
+    /// Notified each time a model leaves the resident list.
+    unloaded: tokio::sync::Notify,
     /// Models loading now (for /health).
     loading: Mutex<Vec<String>>,
     /// The last ladder started, for /health.
@@ -191,9 +196,14 @@ impl Engine {
             started: Instant::now(),
             mlx: MlxThread::start(config.prefix_cache.clone(), prefix.clone())?,
             prefix,
+            preparing: Arc::new(super::prepare::Preparing::new(
+                super::prepare::PREPARE_AT_ONCE,
+                config.max_queue,
+            )),
             resident: Mutex::new(Vec::new()),
             known: Mutex::new(HashMap::new()),
             load_lock: tokio::sync::Mutex::new(()),
+            unloaded: tokio::sync::Notify::new(),
             loading: Mutex::new(Vec::new()),
             ladder: Mutex::new(WarmupLadder::disabled()),
             observer: RwLock::new(None),
@@ -404,15 +414,40 @@ impl Engine {
         let id = id.as_str();
         self.loading.locked().push(id.to_string());
         let loading = Loading(&self.loading, id);
-        let guard = self.load_lock.lock().await;
-        if let Some(lease) = self.lease_if_resident(id) {
-            return Ok(lease);
-        }
-        while self.resident.locked().len() >= self.config.max_resident.max(1) {
-            let victim = self.resident.locked()[0].info.id.clone();
-            tracing::info!(evict = %victim, load = %id, "evicting the least recently used model");
-            self.unload_locked(&victim).await?;
-        }
+        let guard = loop {
+            // Registered before the checks, so an unload ending in between is not missed.
+            let unloaded = self.unloaded.notified();
+            tokio::pin!(unloaded);
+            unloaded.as_mut().enable();
+            let guard = self.load_lock.lock().await;
+            if let Some(lease) = self.lease_if_resident(id) {
+                return Ok(lease);
+            }
+            let room = {
+                let r = self.resident.locked();
+                if r.iter().any(|m| m.info.id == id) {
+                    // Being unloaded: load it anew once that unload is done.
+                    Err(None)
+                } else if r.len() < self.config.max_resident.max(1) {
+                    Ok(())
+                } else {
+                    // Every resident model being unloaded already: wait for one to go.
+                    Err(r.iter().find(|m| !m.unloading).map(|m| m.info.id.clone()))
+                }
+            };
+            match room {
+                Ok(()) => break guard,
+                Err(Some(victim)) => {
+                    drop(guard);
+                    tracing::info!(evict = %victim, load = %id, "evicting the least recently used model");
+                    self.unload_if(&victim, |_, _| true).await?;
+                }
+                Err(None) => {
+                    drop(guard);
+                    unloaded.await;
+                }
+            }
+        };
         let dir = info.dir.clone();
         let (model_id, draft) = (id.to_string(), self.config.draft.clone());
         let dtype = self.config.compute_dtype;
@@ -456,25 +491,58 @@ impl Engine {
         Some(self.leases.acquire(id))
     }
 
-    /// Unload `id` once its leases reach zero.
-    pub async fn unload(&self, id: &str) -> Result<()> {
-        let _guard = self.load_lock.lock().await;
-        self.unload_locked(id).await
+    /// Unload `id` once its leases reach zero. The unload belongs to the engine: once begun
+    /// (the model gives no new leases) it runs to its end even if the caller goes away.
+    pub async fn unload(self: &Arc<Self>, id: &str) -> Result<()> {
+        let (engine, id) = (self.clone(), id.to_string());
+        tokio::spawn(async move { engine.unload_if(&id, |_, _| true).await.map(drop) })
+            .await
+            .map_err(|e| EngineError::Internal(format!("unloading stopped: {e}")))?
     }
 
-    async fn unload_locked(&self, id: &str) -> Result<()> {
-        // From now on no new lease: one taken while the old ones drain would find the model
-        // gone from the MLX thread.
-        if let Some(ladder) = self.with_resident(id, |m| {
-            m.unloading = true;
-            m.ladder.clone()
-        }) {
-            ladder.stop();
-        }
+    /// Unload `id` if `still` holds for it, checked under the load lock together with
+    /// marking it unloading (so no lease is handed out in between): from then on it gives no
+    /// new leases; the wait for the ones held runs with the load lock released, and the
+    /// unload itself under it. True if `id` is gone when this returns (unloaded here or by an
+    /// unload already under way, which this waits for); false if it was not resident or
+    /// `still` said no.
+    async fn unload_if(
+        &self,
+        id: &str,
+        still: impl Fn(&Engine, &Resident) -> bool,
+    ) -> Result<bool> {
+        let unloaded = self.unloaded.notified();
+        tokio::pin!(unloaded);
+        unloaded.as_mut().enable();
+        let guard = self.load_lock.lock().await;
+        let ladder = {
+            let mut r = self.resident.locked();
+            match r.iter_mut().find(|m| m.info.id == id) {
+                None => return Ok(false),
+                Some(m) if m.unloading => None,
+                Some(m) if !still(self, m) => return Ok(false),
+                Some(m) => {
+                    m.unloading = true;
+                    Some(m.ladder.clone())
+                }
+            }
+        };
+        drop(guard);
+        let Some(ladder) = ladder else {
+            // Another unload of it is under way: done when it is gone.
+            while self.resident.locked().iter().any(|m| m.info.id == id) {
+                unloaded.as_mut().await;
+                unloaded.set(self.unloaded.notified());
+                unloaded.as_mut().enable();
+            }
+            return Ok(true);
+        };
+        ladder.stop();
         if let Some(o) = self.observer() {
             o.stop(Some(id), "the model is being unloaded");
         }
         self.leases.released(Some(id)).await;
+        let _guard = self.load_lock.lock().await;
         let owned = id.to_string();
         let rx = self.mlx.submit(move |w| {
             w.unload(&owned);
@@ -483,8 +551,9 @@ impl Engine {
         rx.await
             .map_err(|_| EngineError::Internal("unloading failed on the MLX thread".into()))??;
         self.resident.locked().retain(|m| m.info.id != id);
+        self.unloaded.notify_waiters();
         tracing::info!(model = id, "unloaded");
-        Ok(())
+        Ok(true)
     }
 
     /// From now on, `id` stays loaded for `keep_alive` after its last use (`None`: the
@@ -494,24 +563,29 @@ impl Engine {
         self.with_resident(id, |m| m.keep_alive = keep_alive);
     }
 
-    /// Unload models idle past their keep-alive.
+    /// Whether `m` has been idle past its keep-alive, with no lease held.
+    fn idle_due(&self, m: &Resident) -> bool {
+        let due = match m.keep_alive.unwrap_or(self.config.keep_alive) {
+            KeepAlive::Forever => false,
+            KeepAlive::UnloadWhenIdle => true,
+            KeepAlive::For(d) => m.last_used.elapsed() >= d,
+        };
+        due && self.leases.count(&m.info.id) == 0
+    }
+
+    /// Unload models idle past their keep-alive. Each is judged again as its unload begins
+    /// (under the load lock, which another load may hold for a while): a model used in
+    /// between stays.
     async fn reap_idle(&self) {
         let idle: Vec<String> = self
             .resident
             .locked()
             .iter()
-            .filter(|m| {
-                let due = match m.keep_alive.unwrap_or(self.config.keep_alive) {
-                    KeepAlive::Forever => false,
-                    KeepAlive::UnloadWhenIdle => true,
-                    KeepAlive::For(d) => m.last_used.elapsed() >= d,
-                };
-                due && self.leases.count(&m.info.id) == 0
-            })
+            .filter(|m| !m.unloading && self.idle_due(m))
             .map(|m| m.info.id.clone())
             .collect();
         for id in idle {
-            if let Err(e) = self.unload(&id).await {
+            if let Err(e) = self.unload_if(&id, Engine::idle_due).await {
                 tracing::warn!(error = %e, model = %id, "keep-alive unload failed");
             }
         }

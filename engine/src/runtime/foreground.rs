@@ -47,8 +47,11 @@ enum Phase {
 }
 
 /// One user request, from the first line of its HTTP handler to its end. Dropping it in any
-/// phase ends the request: the phase's counter goes down, `last_request_at` is stamped and
-/// `requests_completed` counted, together.
+/// phase ends the request and its phase's counter goes down. A request that was served
+/// (it reached the gate's queue: it generated, or its client left while it waited) also
+/// stamps `last_request_at` and counts in `requests_completed`, together; one refused before
+/// that (a body that failed to parse, an unknown model, a full queue) is no served request
+/// and moves neither.
 pub struct UserRequest {
     fg: Arc<Foreground>,
     phase: Phase,
@@ -141,8 +144,10 @@ impl Drop for UserRequest {
     fn drop(&mut self) {
         let mut s = self.fg.lock();
         dec(&mut s, self.phase);
-        s.requests_completed += 1;
-        s.last_request_at = Some(Instant::now());
+        if self.phase != Phase::Arrived {
+            s.requests_completed += 1;
+            s.last_request_at = Some(Instant::now());
+        }
     }
 }
 
@@ -181,5 +186,23 @@ mod tests {
             (s.foreground_active, s.foreground_queued, s.foreground_arriving, s.requests_completed),
             (0, 0, 0, 3)
         );
+    }
+
+    #[test]
+    fn a_refused_request_is_not_a_served_one() {
+        let fg = Arc::new(Foreground::new());
+        // Refused before the queue (400, 413, 429, an unknown model): it was counted as
+        // arriving while it was read, and it leaves no trace of a served request.
+        drop(fg.arrive());
+        let s = fg.snapshot();
+        assert_eq!(s.foreground_arriving, 0);
+        assert_eq!(s.requests_completed, 0, "a refused request counted as completed");
+        assert_eq!(s.seconds_since_last_request, None, "a refused request stamped the last one");
+        assert!(s.seconds_since_last_arrival.is_some(), "its arrival is still seen");
+        // A client that left while queued was served (it was cancelled).
+        let mut r = fg.arrive();
+        r.queue();
+        drop(r);
+        assert_eq!(fg.snapshot().requests_completed, 1);
     }
 }

@@ -1,5 +1,5 @@
 //! The generation gate (docs/runtime.md §2): one generation at a time, waiters served first in first
-//! out, a bounded queue, and a non-queuing probe.
+//! out, a bounded queue, and a non-queuing probe (skip if busy).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -7,19 +7,9 @@ use std::sync::Arc;
 use serde::Serialize;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// How a generation asks for the gate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
-    /// Queue behind whoever holds or waits for it (user requests).
-    WaitForTurn,
-    /// Fail at once with `GateError::Busy` if it is taken (background work).
-    SkipIfBusy,
-}
-
+/// Why the gate refused a waiter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum GateError {
-    #[error("the generation gate is busy")]
-    Busy,
     #[error("too many requests are waiting ({0} queued)")]
     QueueFull(usize),
 }
@@ -27,6 +17,13 @@ pub enum GateError {
 /// Held while generating; dropping it lets the next waiter in.
 pub struct GatePermit {
     _permit: OwnedSemaphorePermit,
+}
+
+/// A place in the gate's queue, taken by `Gate::enter` (counted as waiting from then on);
+/// `wait` turns it into the permit. Dropping it leaves the queue.
+pub struct Ticket {
+    sem: Arc<Semaphore>,
+    _waiting: Waiting,
 }
 
 pub struct Gate {
@@ -52,6 +49,9 @@ impl Drop for Waiting {
     }
 }
 
+/// The gate has one way in for each policy of docs/runtime.md §2: users `enter` and wait
+/// their turn; background work (load-time warmup, the ladder) skips if busy with
+/// `try_acquire`.
 impl Gate {
     pub fn new(max_waiting: usize) -> Gate {
         Gate {
@@ -61,7 +61,8 @@ impl Gate {
         }
     }
 
-    /// A permit now if the gate is free and nobody waits; never queues, never disturbs waiters.
+    /// Skip if busy: a permit now if the gate is free and nobody waits; never queues, never
+    /// disturbs waiters.
     pub fn try_acquire(&self) -> Option<GatePermit> {
         if self.waiting.load(Ordering::SeqCst) > 0 {
             return None;
@@ -69,22 +70,15 @@ impl Gate {
         self.sem.clone().try_acquire_owned().ok().map(|p| GatePermit { _permit: p })
     }
 
-    pub async fn acquire(&self, policy: Policy) -> Result<GatePermit, GateError> {
-        if policy == Policy::SkipIfBusy {
-            return self.try_acquire().ok_or(GateError::Busy);
-        }
-        if let Some(p) = self.try_acquire() {
-            return Ok(p);
-        }
+    /// Wait for turn, first step: a place in the queue, or `QueueFull` at once when
+    /// `max_waiting` already wait (refused before it ever counts as queued).
+    pub fn enter(&self) -> Result<Ticket, GateError> {
         let n = self.waiting.fetch_add(1, Ordering::SeqCst);
         let waiting = Waiting(self.waiting.clone());
         if n >= self.max_waiting {
             return Err(GateError::QueueFull(n));
         }
-        let permit =
-            self.sem.clone().acquire_owned().await.expect("the gate's semaphore is never closed");
-        drop(waiting);
-        Ok(GatePermit { _permit: permit })
+        Ok(Ticket { sem: self.sem.clone(), _waiting: waiting })
     }
 
     pub fn snapshot(&self) -> GateSnapshot {
@@ -96,6 +90,14 @@ impl Gate {
     }
 }
 
+impl Ticket {
+    /// Wait for turn, second step: the permit, once everyone ahead has had theirs.
+    pub async fn wait(self) -> GatePermit {
+        let permit = self.sem.acquire_owned().await.expect("the gate's semaphore is never closed");
+        GatePermit { _permit: permit }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,22 +106,21 @@ mod tests {
     #[tokio::test]
     async fn fifo_bounded_and_probes_leave_waiters_alone() {
         let gate = Arc::new(Gate::new(2));
-        let held = gate.acquire(Policy::WaitForTurn).await.unwrap();
-        assert!(gate.try_acquire().is_none());
-        assert_eq!(gate.acquire(Policy::SkipIfBusy).await.err(), Some(GateError::Busy));
+        let held = gate.enter().unwrap().wait().await;
+        assert!(gate.try_acquire().is_none(), "skip if busy");
         let order = Arc::new(std::sync::Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
         for i in 0..2 {
             let (g, o) = (gate.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                let _p = g.acquire(Policy::WaitForTurn).await.unwrap();
+                let _p = g.enter().unwrap().wait().await;
                 o.lock().unwrap().push(i);
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }));
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(gate.snapshot().waiting, 2);
-        assert_eq!(gate.acquire(Policy::WaitForTurn).await.err(), Some(GateError::QueueFull(2)));
+        assert_eq!(gate.enter().err(), Some(GateError::QueueFull(2)));
         assert!(gate.try_acquire().is_none(), "a probe must not jump the queue");
         assert_eq!(gate.snapshot().waiting, 2, "failed attempts leave the queue as it was");
         drop(held);
@@ -145,10 +146,9 @@ mod tests {
     #[tokio::test]
     async fn a_cancelled_waiter_leaves_the_queue() {
         let gate = Gate::new(4);
-        let held = gate.acquire(Policy::WaitForTurn).await.unwrap();
+        let held = gate.enter().unwrap().wait().await;
         let timed_out =
-            tokio::time::timeout(Duration::from_millis(20), gate.acquire(Policy::WaitForTurn))
-                .await;
+            tokio::time::timeout(Duration::from_millis(20), gate.enter().unwrap().wait()).await;
         assert!(timed_out.is_err());
         assert_eq!(gate.snapshot().waiting, 0);
         drop(held);

@@ -258,11 +258,16 @@ impl WarmupLadder {
                         s.current_rung = None;
                     });
                 }
-                // Yielded before its first chunk: no work lost, nothing to count.
-                RungEnd::Yielded => self.update(|s| {
-                    s.current_rung = None;
-                    s.state = LadderState::Waiting;
-                }),
+                // Yielded before its first chunk: no work lost, nothing to count. It pauses
+                // like any wait: a rung admitted while a user is live (the admission broken)
+                // must not spin taking and giving back the gate.
+                RungEnd::Yielded => {
+                    self.update(|s| {
+                        s.current_rung = None;
+                        s.state = LadderState::Waiting;
+                    });
+                    tokio::time::sleep(POLL).await;
+                }
                 RungEnd::Interrupted => {
                     self.update(|s| {
                         s.current_rung = None;
@@ -324,5 +329,59 @@ impl WarmupLadder {
             }
         }
         RungEnd::Done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fg(active: usize, queued: usize, arriving: usize) -> ForegroundSnapshot {
+        ForegroundSnapshot {
+            foreground_active: active,
+            foreground_queued: queued,
+            foreground_arriving: arriving,
+            requests_completed: 0,
+            seconds_since_last_request: None,
+            seconds_since_last_arrival: None,
+            last_request_unix: None,
+        }
+    }
+
+    /// One request has completed, `ago` seconds ago.
+    fn after(mut f: ForegroundSnapshot, ago: f64) -> ForegroundSnapshot {
+        f.requests_completed = 1;
+        f.seconds_since_last_request = Some(ago);
+        f
+    }
+
+    #[test]
+    fn a_live_request_holds_whatever_the_grace() {
+        for grace in [Duration::ZERO, Duration::from_secs(90)] {
+            for live in [fg(1, 0, 0), fg(0, 1, 0), fg(1, 3, 2)] {
+                // Fresh, long idle, or just finished: a request generating or queued holds.
+                for f in [live.clone(), after(live.clone(), 1e6), after(live.clone(), 0.0)] {
+                    assert_eq!(admission(&f, grace), Admission::HoldForeground, "{f:?} {grace:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_arriving_request_holds_whatever_the_grace() {
+        for grace in [Duration::ZERO, Duration::from_secs(90)] {
+            for f in [fg(0, 0, 1), after(fg(0, 0, 2), 1e6)] {
+                assert_eq!(admission(&f, grace), Admission::HoldArrival, "{f:?} {grace:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn an_idle_engine_warms_fresh_at_once_and_after_the_grace() {
+        let grace = Duration::from_secs(90);
+        assert_eq!(admission(&fg(0, 0, 0), grace), Admission::WarmFresh);
+        assert_eq!(admission(&after(fg(0, 0, 0), 10.0), grace), Admission::HoldGrace);
+        assert_eq!(admission(&after(fg(0, 0, 0), 90.0), grace), Admission::WarmIdle);
+        assert_eq!(admission(&after(fg(0, 0, 0), 0.0), Duration::ZERO), Admission::WarmIdle);
     }
 }

@@ -21,11 +21,11 @@ pub mod worker;
 
 pub use engine::{Engine, EngineConfig, KeepAlive};
 pub use foreground::{Foreground, ForegroundSnapshot, UserRequest};
-pub use gate::{Gate, GateError, GatePermit, Policy};
+pub use gate::{Gate, GateError, GatePermit, Ticket};
 pub use ladder::{LadderConfig, LadderState, WarmupLadder};
 pub use lease::{Lease, Leases};
 pub use model_ref::{ModelAliases, ModelRef, ModelRefError};
-pub use observe::{LastTurn, TurnMark, TurnObserver};
+pub use observe::{DecodeMode, LastTurn, TurnFinish, TurnMark, TurnObserver};
 pub use turn::{
     count_prompt_tokens, Answer, Arrival, DraftChoice, Prompt, ResponseFormat, Turn, TurnEnd,
     TurnEvent, TurnHandle, Usage,

@@ -23,9 +23,53 @@ pub trait TurnObserver: Send + Sync {
     fn stop(&self, model: Option<&str>, why: &str);
 }
 
+/// How a turn decoded. A step yields one token in plain and guided decoding and several
+/// with drafts, and guided decoding (grammars, logprobs) does host work every step: rates
+/// compare only within one mode, so the receipt keeps a baseline per mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecodeMode {
+    Plain,
+    /// A grammar or logprobs: one token at a time, with host work per step.
+    Guided,
+    /// Prompt-lookup drafts.
+    Lookup,
+    /// The model's MTP head as the draft.
+    Mtp,
+}
+
+impl DecodeMode {
+    /// The mode a generation ran in: drafts from what it reports, `guided` when the turn
+    /// asked for a grammar or logprobs.
+    pub fn of(guided: bool, draft: Option<&str>) -> DecodeMode {
+        match (guided, draft) {
+            (true, _) => DecodeMode::Guided,
+            (false, Some("mtp")) => DecodeMode::Mtp,
+            (false, Some(_)) => DecodeMode::Lookup,
+            (false, None) => DecodeMode::Plain,
+        }
+    }
+
+    /// Its index among the receipt's baselines.
+    pub fn slot(self) -> usize {
+        self as usize
+    }
+}
+
+/// What a finished turn reports to an observer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TurnFinish {
+    /// Tokens after the first (each took part of a decode step; with drafts a step yields
+    /// several, which `mode` tells apart).
+    pub tokens_after_first: usize,
+    /// Arrival on the MLX thread to the first token: the prompt's share of the turn.
+    pub prefill: Duration,
+    /// When the last token was produced (on the MLX thread).
+    pub at: Instant,
+    pub mode: DecodeMode,
+}
+
 /// One turn's entry with an observer. Dropped unfinished: the turn failed.
 pub trait TurnMark: Send {
-    /// The turn produced its last token at `at` (on the MLX thread) after a prefill of
-    /// `prefill` and `steps` decode steps (the tokens after the first).
-    fn finish(self: Box<Self>, steps: usize, prefill: Duration, at: Instant);
+    fn finish(self: Box<Self>, finish: TurnFinish);
 }

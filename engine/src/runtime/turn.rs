@@ -12,11 +12,12 @@ use tokio::sync::mpsc;
 use super::engine::{Engine, ModelInfo};
 pub use super::event::{Answer, TurnEnd, TurnEvent, Usage};
 use super::model_ref::ModelRef;
-use super::observe::LastTurn;
+use super::observe::{DecodeMode, LastTurn, TurnFinish};
+pub use super::prepare::PREPARE_DEADLINE;
 use super::prepare::{prepare, Asked, Prepared};
 pub use super::prepare::{Prompt, ResponseFormat};
 use super::split::Split;
-use super::{GateError, GatePermit, Lease, Policy, UserRequest};
+use super::{GateError, GatePermit, Lease, UserRequest};
 use crate::chat::{Tool, ToolChoice};
 use crate::decode::sampler::SamplingParams;
 use crate::decode::{
@@ -94,10 +95,6 @@ pub struct TurnRecord<'a> {
     pub drafts_off: Option<&'a str>,
 }
 
-/// How long rendering and tokenizing one prompt may take before the turn fails (the work is
-/// bounded anyway, by the template's fuel and the body cap).
-pub const PREPARE_DEADLINE: Duration = Duration::from_secs(30);
-
 /// A user who has arrived (docs/runtime.md §1: stamped before anything else is done with
 /// the request); the turn starts from here.
 pub struct Arrival {
@@ -145,16 +142,14 @@ impl Arrival {
                 parallel: turn.parallel_tool_calls,
             };
             let parallel = turn.parallel_tool_calls;
-            let work = tokio::task::spawn_blocking(move || {
-                let info = engine.resolve(&model)?;
-                let prepared = prepare(&info, asked)?;
-                Ok::<_, EngineError>((info, prepared))
-            });
-            let r = match tokio::time::timeout(PREPARE_DEADLINE, work).await {
-                Ok(Ok(r)) => r?,
-                Ok(Err(e)) => return Err(EngineError::Internal(format!("preparing failed: {e}"))),
-                Err(_) => return Err(EngineError::PrepareDeadline(PREPARE_DEADLINE.as_secs())),
-            };
+            let pool = engine.preparing.clone();
+            let r = pool
+                .run(move || {
+                    let info = engine.resolve(&model)?;
+                    let prepared = prepare(&info, asked)?;
+                    Ok((info, prepared))
+                })
+                .await?;
             // One call at most: the answer ends where the first call does.
             if let (false, Some(s)) = (parallel, &r.1.calls) {
                 stop.extend(s.format().call_end().map(String::from));
@@ -200,11 +195,10 @@ impl Arrival {
             _ => None,
         };
         params.draft = if guided.is_some() { DraftMode::None } else { draft };
+        // A full queue refuses the request before it counts as queued: a 429 is no turn.
+        let ticket = engine.gate.enter().map_err(|GateError::QueueFull(n)| EngineError::Busy(n))?;
         user.queue();
-        let permit = engine.gate.acquire(Policy::WaitForTurn).await.map_err(|e| match e {
-            GateError::QueueFull(n) => EngineError::Busy(n),
-            GateError::Busy => EngineError::Busy(0),
-        })?;
+        let permit = ticket.wait().await;
         user.start();
         let cancel = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::unbounded_channel();
@@ -235,7 +229,7 @@ impl Arrival {
 
 /// The prompt's length in tokens as `turn` would render it, without generating (Anthropic's
 /// `count_tokens`): the model's template and tokenizer, off the async threads and under the
-/// same deadline as a turn's. The model need not be loaded.
+/// same bounded pool and deadline as a turn's. The model need not be loaded.
 pub async fn count_prompt_tokens(engine: &Arc<Engine>, turn: Turn) -> Result<usize> {
     let (engine, model) = (engine.clone(), turn.model);
     let asked = Asked {
@@ -246,15 +240,12 @@ pub async fn count_prompt_tokens(engine: &Arc<Engine>, turn: Turn) -> Result<usi
         format: turn.response_format,
         parallel: turn.parallel_tool_calls,
     };
-    let work = tokio::task::spawn_blocking(move || {
+    let pool = engine.preparing.clone();
+    pool.run(move || {
         let info = engine.resolve(&model)?;
-        Ok::<_, EngineError>(prepare(&info, asked)?.ids.len())
-    });
-    match tokio::time::timeout(PREPARE_DEADLINE, work).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => Err(EngineError::Internal(format!("preparing failed: {e}"))),
-        Err(_) => Err(EngineError::PrepareDeadline(PREPARE_DEADLINE.as_secs())),
-    }
+        Ok(prepare(&info, asked)?.ids.len())
+    })
+    .await
 }
 
 /// A started turn: its events, and its cancellation (dropping the handle cancels it; the
@@ -404,6 +395,7 @@ fn generate(
         m.mtp_warm.clone()
     });
     let owned = id.to_string();
+    let guided = params.constraint.is_some() || params.logprobs.is_some();
     // The turn starts before the MLX thread takes it: a window running now delays it.
     let mark = engine.observer().map(|o| o.turn_begin());
     let (g, to_disk) = engine.mlx.run(move |w| {
@@ -431,7 +423,12 @@ fn generate(
         });
     }
     if let Some(mark) = mark {
-        mark.finish(g.tokens.len().saturating_sub(1), g.ttft, g.finished_at);
+        mark.finish(TurnFinish {
+            tokens_after_first: g.tokens.len().saturating_sub(1),
+            prefill: g.ttft,
+            at: g.finished_at,
+            mode: DecodeMode::of(guided, g.draft.as_ref().map(|d| d.mode.as_str())),
+        });
     }
     // A real MTP generation pays the cold costs a skipped load-time warmup left.
     if g.draft.as_ref().is_some_and(|d| d.mode == "mtp") {

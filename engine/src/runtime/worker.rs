@@ -93,7 +93,12 @@ fn adapter_for(
 }
 
 pub(crate) type Task = Box<dyn FnOnce(&mut Worker) + Send>;
-type Sender = Mutex<mpsc::Sender<Task>>;
+
+/// The way in to the MLX thread, and how many jobs wait there (not counting the one running).
+struct Sender {
+    tx: Mutex<mpsc::Sender<Task>>,
+    pending: Arc<std::sync::atomic::AtomicUsize>,
+}
 
 /// The MLX thread: jobs go in, results come back on channels. Dropping it ends the thread
 /// (after the job it is running) and joins it, so the models are freed before the owner is
@@ -131,7 +136,8 @@ impl MlxThread {
                 release_freed_memory();
             })
             .map_err(|e| EngineError::Internal(format!("cannot start the MLX thread: {e}")))?;
-        Ok(MlxThread { sender: Arc::new(Mutex::new(tx)), thread: Mutex::new(Some(thread)) })
+        let sender = Sender { tx: Mutex::new(tx), pending: Arc::default() };
+        Ok(MlxThread { sender: Arc::new(sender), thread: Mutex::new(Some(thread)) })
     }
 
     /// Run `f` on the MLX thread and wait for its result (blocking: not from async code).
@@ -154,15 +160,30 @@ impl MlxThread {
         submit(&self.sender, f)
     }
 
+    /// Jobs queued behind the one running (for /health, and tests that must know a job of
+    /// theirs is in line).
+    pub fn pending(&self) -> usize {
+        self.sender.pending.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     pub(crate) fn weak(&self) -> WeakMlx {
         WeakMlx(Arc::downgrade(&self.sender))
     }
 }
 
+impl MlxThread {
+    /// Take no more jobs: the thread ends after the one it runs, and every later `run` or
+    /// `submit` fails with an error (what a job meets once the engine is shutting down; tests
+    /// use it to make the MLX thread fail on demand).
+    pub fn close(&self) {
+        // Closing the channel ends the thread's loop; it frees the models and returns.
+        drop(std::mem::replace(&mut *self.sender.tx.locked(), mpsc::channel().0));
+    }
+}
+
 impl Drop for MlxThread {
     fn drop(&mut self) {
-        // Closing the channel ends the thread's loop; it frees the models and returns.
-        drop(std::mem::replace(&mut *self.sender.locked(), mpsc::channel().0));
+        self.close();
         if let Some(thread) = self.thread.get_mut().unwrap_or_else(|e| e.into_inner()).take() {
             if thread.thread().id() != std::thread::current().id() {
                 let _ = thread.join();
@@ -187,10 +208,17 @@ impl WeakMlx {
 }
 
 fn send(sender: &Sender, task: Task) -> Result<()> {
-    sender
-        .locked()
-        .send(task)
-        .map_err(|_| EngineError::Internal("the MLX thread has stopped".into()))
+    use std::sync::atomic::Ordering;
+    let pending = sender.pending.clone();
+    pending.fetch_add(1, Ordering::SeqCst);
+    let counted: Task = Box::new(move |w| {
+        pending.fetch_sub(1, Ordering::SeqCst);
+        task(w)
+    });
+    sender.tx.locked().send(counted).map_err(|_| {
+        sender.pending.fetch_sub(1, Ordering::SeqCst);
+        EngineError::Internal("the MLX thread has stopped".into())
+    })
 }
 
 fn submit<T: Send + 'static>(

@@ -15,9 +15,9 @@ pub mod trainer;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use crate::runtime::observe::{TurnMark, TurnObserver};
+use crate::runtime::observe::{DecodeMode, TurnFinish, TurnMark, TurnObserver};
 use crate::sync::LockExt;
 pub use pacing::{Pacer, Pacing};
 pub use receipt::{Receipt, ReceiptSummary, TurnOutcome};
@@ -86,21 +86,22 @@ impl Training {
         Turn { training: self.clone(), id, start, done: false }
     }
 
-    /// A turn ended at `at` (now, if it failed) after `steps` decode steps, `prefill` s of its
-    /// time spent on its prompt.
+    /// A turn ended at `at` (now, if it failed) after `steps` decode steps in `mode`,
+    /// `prefill` s of its time spent on its prompt.
     fn turn_end(
         &self,
         id: u64,
         start: f64,
-        (steps, prefill): (usize, f64),
+        (steps, prefill, mode): (usize, f64, DecodeMode),
         at: Option<Instant>,
     ) -> Option<TurnOutcome> {
         let end = at
             .map_or_else(|| self.now(), |t| t.saturating_duration_since(self.clock).as_secs_f64());
         let mut l = self.ledger();
         l.open.remove(&id);
+        let slot = mode.slot();
         let outcome =
-            l.receipt.as_mut().map(|r| r.turn_finished(id, 0, (start, end), prefill, steps))?;
+            l.receipt.as_mut().map(|r| r.turn_finished(id, slot, (start, end), prefill, steps))?;
         match outcome {
             TurnOutcome::Clean { tps } => l.pacer.clean_turn(tps, end),
             TurnOutcome::Slowed { overlap_s, .. } | TurnOutcome::Unmeasured { overlap_s } => {
@@ -228,16 +229,17 @@ impl Turn {
     /// The generation produced its last token at `at` after `steps` decode steps and a
     /// prefill of `prefill`. `at` is stamped on the MLX thread: a window queued behind this
     /// turn starts after it, while the serving thread may only see the turn end a moment later.
-    pub fn finish(mut self, steps: usize, prefill: Duration, at: Instant) -> Option<TurnOutcome> {
+    pub fn finish(mut self, f: TurnFinish) -> Option<TurnOutcome> {
         self.done = true;
-        self.training.turn_end(self.id, self.start, (steps, prefill.as_secs_f64()), Some(at))
+        let measured = (f.tokens_after_first, f.prefill.as_secs_f64(), f.mode);
+        self.training.turn_end(self.id, self.start, measured, Some(f.at))
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
         if !self.done {
-            self.training.turn_end(self.id, self.start, (0, 0.0), None);
+            self.training.turn_end(self.id, self.start, (0, 0.0, DecodeMode::Plain), None);
         }
     }
 }
@@ -254,7 +256,54 @@ impl TurnObserver for Arc<Training> {
 }
 
 impl TurnMark for Turn {
-    fn finish(self: Box<Self>, steps: usize, prefill: Duration, at: Instant) {
-        Turn::finish(*self, steps, prefill, at);
+    fn finish(self: Box<Self>, f: TurnFinish) {
+        Turn::finish(*self, f);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn finish(steps: usize, secs: f64, mode: DecodeMode, t: &Training) -> TurnFinish {
+        let at = t.clock + Duration::from_secs_f64(t.now() + secs);
+        TurnFinish { tokens_after_first: steps, prefill: Duration::ZERO, at, mode }
+    }
+
+    #[test]
+    fn a_failed_turn_leaves_the_open_list_and_spans_prune_again() {
+        let t = Training::new();
+        t.begin_receipt(Pacing::default());
+        let failed = t.turn_begin();
+        t.window_started();
+        std::thread::sleep(Duration::from_millis(2));
+        t.window_ended();
+        drop(failed); // the generation failed: no finish
+        let l = t.ledger();
+        assert!(l.open.is_empty(), "a failed turn stayed open in the ledger");
+        let r = l.receipt.as_ref().unwrap();
+        assert_eq!(r.open_turns(), 0, "a failed turn stayed open in the receipt");
+        assert_eq!(r.spans_kept(), 0, "spans no open turn needs were kept");
+    }
+
+    #[test]
+    fn baselines_are_kept_per_decode_mode() {
+        let t = Training::new();
+        t.begin_receipt(Pacing::default());
+        // Clean MTP turns run at ~3 tokens a step: 300 tokens in a second.
+        let mtp = t.turn_begin();
+        assert!(matches!(
+            mtp.finish(finish(300, 1.0, DecodeMode::Mtp, &t)),
+            Some(TurnOutcome::Clean { .. })
+        ));
+        // A guided (grammar) turn overlapping a window at 100 tok/s has no baseline of its own
+        // yet: it is not measured against MTP's 300 (that would read as a 67 % slowdown).
+        let guided = t.turn_begin();
+        t.window_started();
+        std::thread::sleep(Duration::from_millis(2));
+        t.window_ended();
+        let got = guided.finish(finish(100, 1.0, DecodeMode::Guided, &t));
+        assert!(matches!(got, Some(TurnOutcome::Unmeasured { .. })), "{got:?}");
     }
 }

@@ -116,7 +116,8 @@ impl Receipt {
 
     /// A turn finished: measure it, then prune. `start`/`end` are its times on the receipt's
     /// clock (from queueing on the MLX thread to its last token), `prefill` the seconds its
-    /// prompt took, `steps` its decode steps, `slot` the generation slot it ran in.
+    /// prompt took, `steps` its decode steps, `slot` the baseline it is measured against (its
+    /// decode mode, `DecodeMode::slot`: a step's yield differs by mode).
     pub fn turn_finished(
         &mut self,
         id: u64,
@@ -174,6 +175,11 @@ impl Receipt {
     fn prune(&mut self) {
         let horizon = self.open.values().copied().fold(f64::INFINITY, f64::min);
         self.spans.retain(|s| s.end.is_none_or(|e| e >= horizon));
+    }
+
+    /// Turns in flight.
+    pub fn open_turns(&self) -> usize {
+        self.open.len()
     }
 
     pub fn summary(&self) -> ReceiptSummary {

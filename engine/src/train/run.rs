@@ -400,39 +400,74 @@ impl Training {
         if let Err(active) = self.install(run.clone()) {
             return Err(StartError::Busy(active.state()));
         }
+        // From here the run is installed in `Starting`: every way out of this function
+        // (an error, or the request's future dropped mid-start) must end it, or every later
+        // POST /train would be refused as busy.
+        let mut starting = StartingRun { training: self, run: run.clone(), done: false };
         // Load the model if needed; the lease only covers the load and the trainer's setup.
         let lease = match engine.lease_model(&info.id).await {
             Ok(l) => l,
-            Err(e) => {
-                run.end(RunState::Failed, Some(e.to_string()), self.now());
-                return Err(e.into());
-            }
+            Err(e) => return Err(starting.failed(e, false)),
         };
         self.begin_receipt(req.pacing);
         let id = info.id.clone();
-        let created = engine.mlx.submit(move |w| {
-            let model = w
-                .models
-                .get(&id)
-                .ok_or_else(|| EngineError::Internal(format!("model `{id}` is not loaded")))?;
-            w.job_state = Some(Box::new(Trainer::new(model, setup)?));
-            Ok(())
-        })?;
-        let created = created
-            .await
-            .map_err(|_| EngineError::Internal("the MLX thread dropped the task".into()))
-            .and_then(|r| r);
+        let created = engine
+            .mlx
+            .submit(move |w| {
+                let model = w
+                    .models
+                    .get(&id)
+                    .ok_or_else(|| EngineError::Internal(format!("model `{id}` is not loaded")))?;
+                w.job_state = Some(Box::new(Trainer::new(model, setup)?));
+                Ok(())
+            })
+            .map(|rx| async {
+                rx.await
+                    .map_err(|_| EngineError::Internal("the MLX thread dropped the task".into()))
+                    .and_then(|r| r)
+            });
+        let created = match created {
+            Ok(waiting) => waiting.await,
+            Err(e) => Err(e),
+        };
         drop(lease);
         if let Err(e) = created {
-            run.end(RunState::Failed, Some(e.to_string()), self.run_ended());
-            return Err(e.into());
+            return Err(starting.failed(e, true));
         }
+        starting.done = true;
         run.update(|s| {
             s.state =
                 if run.paused.load(Ordering::SeqCst) { RunState::Paused } else { RunState::Running }
         });
         tokio::spawn(drive(Arc::downgrade(engine), self.clone(), run.clone()));
         Ok(run)
+    }
+}
+
+/// A run installed but not yet running (see `Training::start`): ends it as failed unless
+/// the start went through.
+struct StartingRun<'a> {
+    training: &'a Training,
+    run: Arc<Run>,
+    done: bool,
+}
+
+impl StartingRun<'_> {
+    /// The start failed with `e`; `receipt` when the run's receipt had begun (it is closed).
+    fn failed(&mut self, e: EngineError, receipt: bool) -> StartError {
+        self.done = true;
+        let at = if receipt { self.training.run_ended() } else { self.training.now() };
+        self.run.end(RunState::Failed, Some(e.to_string()), at);
+        e.into()
+    }
+}
+
+impl Drop for StartingRun<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let why = "the request that started the run went away before it began";
+            self.run.end(RunState::Failed, Some(why.into()), self.training.run_ended());
+        }
     }
 }
 
