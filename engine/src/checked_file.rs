@@ -42,7 +42,7 @@ impl Format {
         data: impl FnOnce(&mut dyn FnMut(&[u8]) -> io::Result<()>) -> io::Result<()>,
     ) -> io::Result<()> {
         let header = serde_json::to_vec(header).map_err(io::Error::other)?;
-        let mut f = BufWriter::with_capacity(1 << 20, File::create(path)?);
+        let mut f = BufWriter::with_capacity(1 << 20, crate::private_files::create(path)?);
         f.write_all(self.magic)?;
         f.write_all(&(header.len() as u64).to_le_bytes())?;
         f.write_all(&data_len.to_le_bytes())?;

@@ -134,6 +134,33 @@ fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { field, message: message.into() }
 }
 
+/// A web origin a setting or `--allow-origin` may allow: `scheme://host[:port]` over http(s).
+/// `null` (sandboxed frames, `file:` pages: any of them) and paths are refused.
+pub fn parse_origin(o: &str) -> Result<String, String> {
+    let ok = (o.starts_with("http://") || o.starts_with("https://"))
+        && !o.ends_with('/')
+        && o.split("://").nth(1).is_some_and(|h| !h.is_empty() && !h.contains('/'));
+    match ok {
+        true => Ok(o.to_string()),
+        false => Err(format!(
+            "`{o}` is not an origin like http://localhost:3000 (scheme://host[:port], no path)"
+        )),
+    }
+}
+
+impl Settings {
+    /// These settings, guarded at least as strictly as `file`'s: what the engine falls back
+    /// to when `file` cannot start. The key the file names is required (or the old one, when
+    /// the file names none), and only origins both allow may call: the listener never serves
+    /// more openly than the settings file and `GET /perch/config` say.
+    pub fn guarded_as(self, file: &Settings) -> Settings {
+        let api_key = if file.api_key.is_empty() { self.api_key } else { file.api_key.clone() };
+        let allowed_origins =
+            self.allowed_origins.into_iter().filter(|o| file.allowed_origins.contains(o)).collect();
+        Settings { api_key, allowed_origins, ..self }
+    }
+}
+
 impl Settings {
     /// The platform's settings file (`$PERCH_CONFIG` overrides it).
     pub fn default_path() -> PathBuf {
@@ -352,12 +379,7 @@ impl Settings {
             return Err(invalid("api_key", "must not contain spaces or control characters"));
         }
         for o in &self.allowed_origins {
-            let ok = (o.starts_with("http://") || o.starts_with("https://"))
-                && !o.ends_with('/')
-                && o.split("://").nth(1).is_some_and(|h| !h.is_empty() && !h.contains('/'));
-            if !ok {
-                return Err(invalid("allowed_origins", format!("`{o}` is not an origin like http://localhost:3000 (scheme://host[:port], no path)")));
-            }
+            parse_origin(o).map_err(|m| invalid("allowed_origins", m))?;
         }
         for (field, v) in [("sampling.temperature", self.sampling.temperature)] {
             if !(0.0..=2.0).contains(&v) {
@@ -490,6 +512,21 @@ fn random_key() -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::Settings as S;
+
+    #[test]
+    fn a_fallback_is_guarded_as_the_file_says() {
+        let o = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let old =
+            S { api_key: "".into(), allowed_origins: o(&["http://a", "http://b"]), ..S::default() };
+        let file = S { api_key: "new".into(), allowed_origins: o(&["http://b"]), ..S::default() };
+        let f = old.clone().guarded_as(&file);
+        assert_eq!((f.api_key.as_str(), f.allowed_origins), ("new", o(&["http://b"])));
+        // A file that drops the key does not drop it before a start with it succeeds.
+        let keyed = S { api_key: "old".into(), ..old };
+        assert_eq!(keyed.guarded_as(&S::default()).api_key, "old");
+    }
+
     use super::*;
 
     fn with_model() -> (tempfile::TempDir, Settings) {

@@ -26,6 +26,9 @@ const ATTEMPTS: u32 = 6;
 const LISTING_MAX_BYTES: usize = 16 << 20;
 /// Finished jobs kept for the downloads list.
 const FINISHED_KEPT: usize = 32;
+/// The most a file the listing gives no size for may be (configs, tokenizers): a listing that
+/// leaves sizes out must not let a file be written without bound.
+const UNSIZED_MAX_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DownloadError {
@@ -41,6 +44,8 @@ pub enum DownloadError {
     NotAModel(String),
     #[error("{0}")]
     Http(String),
+    #[error("the hub's listing gives no {1} for `{0}`: refusing to download weights that cannot be checked")]
+    Unlisted(String, &'static str),
     #[error("`{0}` is not a hub to download from: use https (plain http only on this machine)")]
     Insecure(String),
     #[error("{0}: {1}")]
@@ -351,6 +356,15 @@ async fn fetch_repo(
         tokio::fs::create_dir_all(staging).await.map_err(io(staging))?;
         tokio::fs::write(&marker, &sha).await.map_err(io(&marker))?;
     }
+    // Weights are the large files: each must come with its size and hash, or none is fetched.
+    for f in files.iter().filter(|f| f.rfilename.ends_with(".safetensors")) {
+        if f.size().is_none() {
+            return Err(DownloadError::Unlisted(f.rfilename.clone(), "size"));
+        }
+        if f.sha256().is_none() {
+            return Err(DownloadError::Unlisted(f.rfilename.clone(), "sha256"));
+        }
+    }
     let total = files.iter().filter_map(|f| f.size()).fold(0u64, u64::saturating_add);
     job.total.store(total, Ordering::Relaxed);
     for f in &files {
@@ -497,7 +511,7 @@ async fn fetch_file(
             }
             match chunk {
                 // Never write past the listed size: a hub that sends more is refused.
-                Ok(bytes) if size.is_some_and(|s| written + bytes.len() as u64 > s) => {
+                Ok(bytes) if written + bytes.len() as u64 > size.unwrap_or(UNSIZED_MAX_BYTES) => {
                     too_long = true;
                     break;
                 }
@@ -517,7 +531,10 @@ async fn fetch_file(
         if too_long {
             let _ = tokio::fs::remove_file(&part).await;
             job.done.store(base, Ordering::Relaxed);
-            last_error = format!("{url}: the body is longer than the listed {written}+ bytes");
+            last_error = match size {
+                Some(_) => format!("{url}: the body is longer than the listed {written}+ bytes"),
+                None => format!("{url}: no size listed, and longer than {UNSIZED_MAX_BYTES} bytes"),
+            };
             continue;
         }
         // What this attempt counted is recounted by the next one from the part's length.

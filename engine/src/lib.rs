@@ -16,6 +16,7 @@ pub mod model;
 pub mod paths;
 pub mod platform;
 pub mod prefix_cache;
+pub mod private_files;
 pub mod runtime;
 pub mod server;
 pub mod supervisor;

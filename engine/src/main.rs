@@ -78,7 +78,7 @@ enum Command {
         #[arg(long, env = "PERCH_API_KEY")]
         api_key: Option<String>,
         /// Web origin allowed to call the API from a browser (repeatable).
-        #[arg(long)]
+        #[arg(long, value_parser = perch_engine::config::parse_origin)]
         allow_origin: Vec<String>,
         /// Extra Host name requests may use besides localhost/127.0.0.1/::1 (repeatable).
         #[arg(long)]

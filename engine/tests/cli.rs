@@ -89,3 +89,14 @@ fn bench_reports_every_figure() {
         assert!(r[key].as_f64().is_some_and(|v| v > 0.0), "{key} missing or zero in {r}");
     }
 }
+
+#[test]
+fn serve_refuses_an_origin_that_is_not_one() {
+    // `null` is every sandboxed frame's and file: page's origin: allowing it allows them all.
+    for bad in ["null", "localhost:3000", "http://a/b"] {
+        let out = perch().args(["serve", "--allow-origin", bad]).output().unwrap();
+        assert!(!out.status.success(), "`--allow-origin {bad}` was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("is not an origin"), "{bad}: {err}");
+    }
+}

@@ -196,6 +196,16 @@ async fn a_hub_that_lies_gets_nothing_installed() {
     assert!(j.error.as_deref().unwrap().contains("sha256"), "{j:?}");
     assert!(!models.path().join("tiny-qwen3").exists());
 
+    // Weights listed without a size (nor an LFS entry): nothing bounds or checks them.
+    let (h, url) = common::hub::hub().await;
+    h.unlisted.lock().unwrap().push(weights.into());
+    let models = tempfile::tempdir().unwrap();
+    let j = finish(&d, d.start(REPO, None, &url, models.path()).unwrap().id).await;
+    assert_eq!(j.state, JobState::Failed, "{j:?}");
+    assert!(j.error.as_deref().unwrap().contains("no size"), "{j:?}");
+    assert_eq!(h.requests.load(Ordering::Relaxed), 0, "no file was requested");
+    assert!(!models.path().join("tiny-qwen3").exists());
+
     // A listing past the cap.
     let (h, url) = common::hub::hub().await;
     h.listing_pad.store(17 << 20, Ordering::Relaxed);

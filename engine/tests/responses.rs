@@ -89,6 +89,12 @@ async fn previous_response_id_carries_the_conversation_and_store_false_keeps_not
     let s = start().await;
     let (_, first) = post(&s, "/v1/responses", ask(json!({}))).await;
     let id = first["id"].as_str().unwrap();
+    // Stored responses are read, continued and deleted by id alone: it must be unguessable.
+    let random = id.strip_prefix("resp-").unwrap_or("");
+    assert!(
+        random.len() == 32 && random.bytes().all(|c| c.is_ascii_hexdigit()),
+        "`{id}` is not 128 random bits"
+    );
     let follow = json!({"previous_response_id": id, "input": "dase"});
     let (code, second) = post(&s, "/v1/responses", ask(follow)).await;
     assert_eq!(code, 200, "{second}");

@@ -324,7 +324,17 @@ async fn an_invalid_file_at_start_serves_the_ui_and_says_why() {
     let url = sup.url();
     let r = reqwest::get(format!("{url}/")).await.unwrap();
     assert_eq!(r.status(), 200);
+    // The windows load the pages over HTTP, where tauri.conf.json's CSP does not reach.
+    let csp = r.headers().get("content-security-policy").map(|v| v.to_str().unwrap().to_string());
+    let csp = csp.expect("the UI is served without a Content-Security-Policy");
+    assert!(csp.contains("script-src 'self'") && csp.contains("frame-ancestors 'none'"), "{csp}");
+    assert_eq!(r.headers()["x-content-type-options"], "nosniff");
     assert!(r.text().await.unwrap().contains("<title>Perch</title>"));
+    let r = reqwest::get(format!("{url}/v1/models")).await.unwrap();
+    assert_eq!(
+        r.headers().get("x-content-type-options").map(|v| v.as_bytes()),
+        Some(&b"nosniff"[..])
+    );
     let (code, e) = chat(&url).await;
     assert_eq!((code, &e["error"]["code"]), (503, &json!("engine_restarting")), "{e}");
     sup.shutdown().await;
@@ -524,6 +534,12 @@ async fn the_pages_load_without_the_key_and_only_perchs_own_pages_change_setting
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["error"]["code"], "origin_not_allowed", "{e}");
     assert_eq!(write(Some(&own), json_type, select).await.unwrap().status(), 200);
+    // Every Tauri app's pages have these origins: they are not Perch's own (its windows load
+    // the UI from the engine, the origin above).
+    for other_app in ["tauri://localhost", "http://tauri.localhost"] {
+        let r = write(Some(other_app), json_type, select).await.unwrap();
+        assert_eq!(r.status(), 403, "{other_app} changed Perch's settings");
+    }
     // The allowed origin still reads and generates.
     let r = client()
         .get(format!("{url}/v1/models"))
@@ -547,5 +563,34 @@ async fn the_pages_load_without_the_key_and_only_perchs_own_pages_change_setting
     // A write without a body needs no type (the page's cancel buttons send none).
     let r = client().post(format!("{url}/perch/downloads/999/cancel")).bearer_auth("sekrit").send();
     assert_ne!(r.await.unwrap().status(), 415);
+    sup.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_saved_with_a_change_that_cannot_start_is_still_required() {
+    let s = setup();
+    // A model whose weights are damaged: the file's checks pass, the engine cannot load it.
+    let broken = s.models.join("broken");
+    install_fixture("qwen3", &broken);
+    let weights = broken.join("model.safetensors");
+    let bytes = std::fs::read(&weights).unwrap();
+    std::fs::write(&weights, &bytes[..bytes.len() / 3]).unwrap();
+    let sup = running(&s).await;
+    let url = sup.url();
+    assert_eq!(get(&url, "/perch/status").await.0, 200, "no key yet");
+    std::fs::write(
+        &s.config,
+        settings_text(&s.models, "draft = \"none\"\napi_key = \"sekrit\"")
+            .replace("default_model = \"chat\"", "default_model = \"broken\""),
+    )
+    .unwrap();
+    wait_for(&sup, "the failed start and the fallback", |st| {
+        st.config_error.is_some() && st.phase == Phase::Running
+    })
+    .await;
+    // The engine fell back to the old model, but not to the old (keyless) guard.
+    assert_eq!(get(&url, "/perch/status").await.0, 401, "served without the saved key");
+    let r = client().get(format!("{url}/v1/models")).bearer_auth("sekrit").send().await.unwrap();
+    assert_eq!(r.status(), 200);
     sup.shutdown().await;
 }

@@ -372,15 +372,58 @@ pub(crate) fn prefill(
     Ok(true)
 }
 
+/// The most states one prefill keeps on its way. Each is a copy of the caches (the full-
+/// attention layers' grow with the prompt), so keeping one per chunk made a long prompt's
+/// memory grow with its square; past this many, every other one goes and marks are offered
+/// half as often, so the kept ones stay spread over the whole prompt.
+pub const MAX_MARKS: usize = 4;
+
 /// The states a prefill keeps on its way, when the caller stores them (`Request::marks`).
 pub(crate) struct Marks {
     keep: bool,
     pub states: Vec<KvState>,
+    spread: Spread,
+}
+
+/// Which of a prefill's chunk ends are kept (see `MAX_MARKS`): multiples of a stride that
+/// doubles each time the kept ones would pass the bound.
+#[derive(Debug, Default)]
+struct Spread {
+    /// Chunk ends seen so far.
+    seen: usize,
+    stride: usize,
+    /// The chunk ends kept, in order (parallel to `Marks::states`).
+    kept: Vec<usize>,
+}
+
+impl Spread {
+    /// Whether the next chunk end is kept.
+    fn offer(&mut self) -> bool {
+        self.seen += 1;
+        self.stride = self.stride.max(1);
+        self.seen.is_multiple_of(self.stride)
+    }
+
+    /// After keeping one: which kept ones to drop (indices, descending) to stay in bound.
+    fn thin(&mut self) -> Vec<usize> {
+        self.kept.push(self.seen);
+        if self.kept.len() <= MAX_MARKS {
+            return vec![];
+        }
+        self.stride *= 2;
+        let stride = self.stride;
+        let drop: Vec<usize> =
+            (0..self.kept.len()).rev().filter(|&i| !self.kept[i].is_multiple_of(stride)).collect();
+        for &i in &drop {
+            self.kept.remove(i);
+        }
+        drop
+    }
 }
 
 impl Marks {
     pub fn new(keep: bool) -> Marks {
-        Marks { keep, states: vec![] }
+        Marks { keep, states: vec![], spread: Spread::default() }
     }
 
     /// Keep the caches after `prompt[..at]` as a state of their own when some layer is a
@@ -391,9 +434,42 @@ impl Marks {
     /// kept state stops MLX from updating them in place, so callers that would throw the
     /// states away (`perch run`, `perch bench`) do not ask for them.
     pub fn mark(&mut self, prompt: &[u32], at: usize, caches: &[KvCache]) {
-        if self.keep && caches.iter().any(|c| c.ring().is_some()) {
+        if self.keep && caches.iter().any(|c| c.ring().is_some()) && self.spread.offer() {
             let layers = caches.to_vec();
             self.states.push(KvState { tokens: prompt[..at].to_vec(), layers, mtp: None });
+            for i in self.spread.thin() {
+                self.states.remove(i);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod spread_tests {
+    use super::*;
+
+    #[test]
+    fn a_long_prefill_keeps_a_bounded_spread_of_marks() {
+        for chunks in [1, 3, 4, 5, 16, 64, 1000] {
+            let mut s = Spread::default();
+            let mut kept = vec![];
+            for end in 1..=chunks {
+                if s.offer() {
+                    kept.push(end);
+                    for i in s.thin() {
+                        kept.remove(i);
+                    }
+                }
+            }
+            assert_eq!(kept, s.kept);
+            assert!(kept.len() <= MAX_MARKS, "{chunks} chunks kept {kept:?}");
+            assert!(!kept.is_empty(), "{chunks} chunks kept nothing");
+            // Spread over the prompt: the last kept is past its first half, the first kept
+            // within its first half (a shared system prompt early on still finds one).
+            let last = *kept.last().unwrap();
+            assert!(last * 2 > chunks, "{chunks} chunks kept {kept:?}");
+            assert!(kept[0] * 2 <= chunks.max(2), "{chunks} chunks kept {kept:?}");
+            assert!(kept.windows(2).all(|w| w[0] < w[1]));
         }
     }
 }

@@ -85,11 +85,17 @@ struct Job {
     covers_prefixes: bool,
 }
 
+/// States copied out and waiting for the writer, at most: one turn's kept marks and its final
+/// state. Each is a whole f32 copy of a state: an unbounded queue let a long cold prompt's
+/// marks pile up in memory faster than the disk took them.
+const WRITER_QUEUE: usize = crate::decode::common::MAX_MARKS + 1;
+
 pub(super) struct DiskTier {
     dir: PathBuf,
     index: Index,
-    jobs: mpsc::Sender<Job>,
+    jobs: mpsc::SyncSender<Job>,
     stats: Arc<PrefixStats>,
+    budget: u64,
 }
 
 fn now_nanos() -> u128 {
@@ -125,7 +131,7 @@ impl DiskTier {
     /// Open (creating) `dir`, index the files in it and remove what is not a cache file.
     /// `None` (and a warning) when the directory cannot be used.
     pub fn open(dir: PathBuf, budget: u64, stats: Arc<PrefixStats>) -> Option<DiskTier> {
-        if let Err(e) = std::fs::create_dir_all(&dir) {
+        if let Err(e) = crate::private_files::create_dir_all(&dir) {
             tracing::warn!(dir = %dir.display(), error = %e, "prefix cache: no disk tier");
             return None;
         }
@@ -135,6 +141,18 @@ impl DiskTier {
             let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
             if !meta.is_file() {
                 continue; // never follow or remove anything but our own plain files
+            }
+            // Another process's file being written (`*.tmp<pid>`, two Perch sharing the
+            // folder): left alone while it is recent; an old one is debris and goes.
+            let writing =
+                path.extension().and_then(|e| e.to_str()).is_some_and(|e| e.starts_with("tmp"));
+            let recent = meta
+                .modified()
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age.as_secs() < 3600);
+            if writing && recent {
+                continue;
             }
             let ours = path.extension().is_some_and(|e| e == "kv");
             match ours.then(|| FORMAT.header::<Header>(&path)).flatten() {
@@ -158,7 +176,7 @@ impl DiskTier {
             }
         }
         let index: Index = Arc::new(Mutex::new(entries));
-        let (tx, rx) = mpsc::channel::<Job>();
+        let (tx, rx) = mpsc::sync_channel::<Job>(WRITER_QUEUE);
         let (writer_index, writer_stats) = (index.clone(), stats.clone());
         std::thread::Builder::new()
             .name("perch-prefix-writer".into())
@@ -168,7 +186,7 @@ impl DiskTier {
                 }
             })
             .ok()?;
-        let tier = DiskTier { dir, index, jobs: tx, stats };
+        let tier = DiskTier { dir, index, jobs: tx, stats, budget };
         enforce_budget(&mut tier.index.locked(), budget, &tier.stats);
         Some(tier)
     }
@@ -219,7 +237,26 @@ impl DiskTier {
 
     /// Copy `state` into flat arrays and hand them to the writer thread, which checksums and
     /// writes them.
+    /// A state larger than the whole budget is never copied (it would evict every file, then
+    /// itself), and one that finds the writer's queue full is dropped (counted in
+    /// `disk_skipped`): the answer's path never waits on the disk.
     pub fn store(&mut self, key: &CacheKey, state: &KvState) {
+        let f32_bytes: u64 = state
+            .layers
+            .iter()
+            .chain(state.mtp.iter())
+            .flat_map(|c| c.state())
+            .map(|a| a.size() as u64 * 4)
+            .sum();
+        if f32_bytes > self.budget {
+            tracing::info!(
+                f32_bytes,
+                budget = self.budget,
+                "prefix cache: a state larger than the disk budget is not written"
+            );
+            self.stats.disk_skipped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         let (mut header, arrays) = match snapshot(key, state) {
             Ok(b) => b,
             Err(e) => {
@@ -229,7 +266,7 @@ impl DiskTier {
         };
         header.shortest = super::shortest_cut(state);
         let name = format!("{}-{:016x}.kv", key.digest(), token_hash(&state.tokens));
-        let _ = self.jobs.send(Job {
+        let sent = self.jobs.try_send(Job {
             path: self.dir.join(name),
             digest: key.digest().to_string(),
             tokens: state.tokens.clone(),
@@ -238,6 +275,9 @@ impl DiskTier {
             arrays,
             covers_prefixes: state.layers.iter().all(|c| c.ring().is_none()),
         });
+        if let Err(mpsc::TrySendError::Full(_)) = sent {
+            self.stats.disk_skipped.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 

@@ -53,6 +53,9 @@ pub struct PrefixStats {
     /// States read back from disk, and files found bad and removed.
     pub disk_loads: AtomicU64,
     pub disk_rejected: AtomicU64,
+    /// States not written: larger than the disk budget, or the writer still busy with the
+    /// ones before (its queue is bounded).
+    pub disk_skipped: AtomicU64,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -65,6 +68,7 @@ pub struct PrefixSnapshot {
     pub disk_entries: u64,
     pub disk_loads: u64,
     pub disk_rejected: u64,
+    pub disk_skipped: u64,
 }
 
 impl PrefixStats {
@@ -79,6 +83,7 @@ impl PrefixStats {
             disk_entries: g(&self.disk_entries),
             disk_loads: g(&self.disk_loads),
             disk_rejected: g(&self.disk_rejected),
+            disk_skipped: g(&self.disk_skipped),
         }
     }
 }

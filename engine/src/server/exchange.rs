@@ -26,7 +26,7 @@ use crate::sync::LockExt;
 pub(super) struct Route {
     /// Its name in the metrics and the request log.
     pub name: &'static str,
-    /// Response ids are `{id_prefix}-{n}`.
+    /// Response ids are `{id_prefix}-` and 128 random bits in hex.
     pub id_prefix: &'static str,
     /// The field a prompt error names (`messages`, `prompt`).
     pub prompt_param: &'static str,
@@ -111,7 +111,9 @@ pub(super) async fn start<P: Send + 'static>(
     // docs/runtime.md §1: stamp the arrival before anything else.
     let arrival = Arrival::now(&app.engine);
     let n = app.next_id();
-    let id = format!("{}-{n}", route.id_prefix);
+    // Random, not `n`: a stored response is read, continued and deleted by its id alone, so
+    // one client must not be able to guess another's (docs/responses.md).
+    let id = super::ids::random_id(route.id_prefix);
     let failed = |model: &str, stream: bool, e: ApiError| {
         app.metrics.request(route.name, e.status.as_u16());
         app.metrics.error(e.label());

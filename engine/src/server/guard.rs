@@ -34,12 +34,14 @@ pub fn host_allowed(host: &str, extra: &[String]) -> bool {
         || extra.iter().any(|e| e.eq_ignore_ascii_case(&name))
 }
 
-/// Perch's own pages: the engine's UI (same origin) and the desktop app's webview.
+/// Perch's own pages: the engine's UI, same origin. The desktop app's windows load that UI
+/// from the engine over HTTP, so they are the same origin too; `tauri://localhost` and
+/// `http://tauri.localhost` are not Perch's (every Tauri app's pages have them) and are trusted
+/// only when configured like any other origin.
 fn own_origin(origin: &str, headers: &HeaderMap) -> bool {
     let own =
         headers.get(header::HOST).and_then(|h| h.to_str().ok()).map(|h| format!("http://{h}"));
     own.as_deref() == Some(origin)
-        || matches!(origin, "tauri://localhost" | "http://tauri.localhost")
 }
 
 /// The origins whose pages may call the API: Perch's own and the configured ones.

@@ -7,6 +7,7 @@ pub(crate) mod body;
 pub mod error;
 mod exchange;
 pub mod guard;
+mod ids;
 pub mod metrics;
 pub mod ollama;
 pub mod openai;
@@ -323,7 +324,18 @@ fn front_router(front: Arc<Front>) -> Router {
     ui::routes()
         .fallback(dispatch)
         .layer(axum::middleware::from_fn_with_state(front.clone(), guard::guard))
+        .layer(axum::middleware::map_response(no_sniffing))
         .with_state(front)
+}
+
+/// Every answer, the guard's refusals included, is read as the type it says it is: a JSON
+/// error echoing a request's text must never be sniffed into a page.
+async fn no_sniffing(mut r: Response) -> Response {
+    r.headers_mut().insert(
+        axum::http::header::X_CONTENT_TYPE_OPTIONS,
+        axum::http::HeaderValue::from_static("nosniff"),
+    );
+    r
 }
 
 /// A running server.

@@ -53,7 +53,7 @@ impl RequestLog {
         keep: usize,
         with_text: bool,
     ) -> std::io::Result<RequestLog> {
-        std::fs::create_dir_all(dir)?;
+        crate::private_files::create_dir_all(dir)?;
         let file = FileRotate::new(
             dir.join("requests.jsonl"),
             AppendCount::new(keep),

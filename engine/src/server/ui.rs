@@ -18,6 +18,14 @@ const FILES: &[(&str, &str, &[u8])] = &[
     ("/icon.png", "image/png", include_bytes!("../../../ui/icon.png")),
 ];
 
+/// The pages' Content-Security-Policy. The app's windows load the UI from the engine over
+/// HTTP, so `tauri.conf.json`'s CSP never applies to it: this header is the backstop should
+/// the markdown renderer ever let markup through (no inline script, nothing from elsewhere,
+/// no framing, requests to this origin only).
+pub const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+    img-src 'self' data:; connect-src 'self'; font-src 'self'; base-uri 'none'; \
+    form-action 'none'; frame-ancestors 'none'";
+
 /// Whether `path` is one of the UI's files.
 pub fn serves(path: &str) -> bool {
     FILES.iter().any(|(p, _, _)| *p == path)
@@ -33,6 +41,7 @@ pub fn routes() -> Router<Arc<Front>> {
                     [
                         (header::CONTENT_TYPE, mime),
                         (header::X_FRAME_OPTIONS, "DENY"),
+                        (header::CONTENT_SECURITY_POLICY, CSP),
                         (header::CACHE_CONTROL, "no-cache"),
                     ],
                     body,

@@ -407,7 +407,7 @@ impl Supervisor {
                 match old {
                     Some(old) => {
                         *lock(&self.applied) = None;
-                        Box::pin(self.launch(old, None)).await;
+                        Box::pin(self.launch(old.guarded_as(&new), None)).await;
                         self.set(|s| s.config_error = Some((&problem).into()));
                     }
                     None => {

@@ -33,6 +33,8 @@ pub struct Hub {
     /// What the listing claims instead of the truth: sizes and LFS hashes by file.
     pub listed_size: Mutex<HashMap<String, u64>>,
     pub listed_sha256: Mutex<HashMap<String, String>>,
+    /// Files the listing gives neither a size nor an LFS entry for.
+    pub unlisted: Mutex<Vec<String>>,
     /// Bytes of filler added to the listing.
     pub listing_pad: AtomicU64,
 }
@@ -56,11 +58,15 @@ async fn listing(
     }
     let sizes = hub.listed_size.lock().unwrap().clone();
     let shas = hub.listed_sha256.lock().unwrap().clone();
+    let unlisted = hub.unlisted.lock().unwrap().clone();
     let mut siblings: Vec<_> = hub
         .files
         .iter()
         .map(|(f, b)| {
             let size = sizes.get(f).copied().unwrap_or(b.len() as u64);
+            if unlisted.contains(f) {
+                return json!({"rfilename": f});
+            }
             // Like the hub, weights are LFS files listed with their sha256.
             if f.ends_with(".safetensors") {
                 let sha = shas.get(f).cloned().unwrap_or_else(|| sha256_hex(b));

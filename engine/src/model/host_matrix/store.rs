@@ -145,7 +145,7 @@ impl HostStore {
         static SAVES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = SAVES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
-        let written = std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))
+        let written = crate::private_files::create_dir_all(path.parent().unwrap_or(Path::new(".")))
             .and_then(|_| write(&tmp, &self.key, &self.dir, &self.used))
             .and_then(|_| std::fs::rename(&tmp, &path));
         match written {
