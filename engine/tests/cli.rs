@@ -94,7 +94,9 @@ fn bench_reports_every_figure() {
 fn serve_refuses_an_origin_that_is_not_one() {
     // `null` is every sandboxed frame's and file: page's origin: allowing it allows them all.
     for bad in ["null", "localhost:3000", "http://a/b"] {
-        let out = perch().args(["serve", "--allow-origin", bad]).output().unwrap();
+        // A model that is not there: should the origin pass, the command still ends.
+        let args = ["serve", "--model", "/no/such/model", "--allow-origin", bad];
+        let out = perch().args(args).output().unwrap();
         assert!(!out.status.success(), "`--allow-origin {bad}` was accepted");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("is not an origin"), "{bad}: {err}");
