@@ -444,35 +444,6 @@ impl Marks {
     }
 }
 
-#[cfg(test)]
-mod spread_tests {
-    use super::*;
-
-    #[test]
-    fn a_long_prefill_keeps_a_bounded_spread_of_marks() {
-        for chunks in [1, 3, 4, 5, 16, 64, 1000] {
-            let mut s = Spread::default();
-            let mut kept = vec![];
-            for end in 1..=chunks {
-                if s.offer() {
-                    kept.push(end);
-                    for i in s.thin() {
-                        kept.remove(i);
-                    }
-                }
-            }
-            assert_eq!(kept, s.kept);
-            assert!(kept.len() <= MAX_MARKS, "{chunks} chunks kept {kept:?}");
-            assert!(!kept.is_empty(), "{chunks} chunks kept nothing");
-            // Spread over the prompt: the last kept is past its first half, the first kept
-            // within its first half (a shared system prompt early on still finds one).
-            let last = *kept.last().unwrap();
-            assert!(last * 2 > chunks, "{chunks} chunks kept {kept:?}");
-            assert!(kept[0] * 2 <= chunks.max(2), "{chunks} chunks kept {kept:?}");
-            assert!(kept.windows(2).all(|w| w[0] < w[1]));
-        }
-    }
-}
 
 /// Checks every decoding mode shares; returns the number of tokens that may be generated.
 pub(crate) fn check_request(
@@ -651,5 +622,35 @@ pub(crate) fn cancelled_early(prompt_tokens: usize, start: Instant) -> Generatio
         finished_at: Instant::now(),
         cached_tokens: 0,
         stop_sequence: None,
+    }
+}
+
+#[cfg(test)]
+mod spread_tests {
+    use super::*;
+
+    #[test]
+    fn a_long_prefill_keeps_a_bounded_spread_of_marks() {
+        for chunks in [1, 3, 4, 5, 16, 64, 1000] {
+            let mut s = Spread::default();
+            let mut kept = vec![];
+            for end in 1..=chunks {
+                if s.offer() {
+                    kept.push(end);
+                    for i in s.thin() {
+                        kept.remove(i);
+                    }
+                }
+            }
+            assert_eq!(kept, s.kept);
+            assert!(kept.len() <= MAX_MARKS, "{chunks} chunks kept {kept:?}");
+            assert!(!kept.is_empty(), "{chunks} chunks kept nothing");
+            // Spread over the prompt: the last kept is past its first half, the first kept
+            // within its first half (a shared system prompt early on still finds one).
+            let last = *kept.last().unwrap();
+            assert!(last * 2 > chunks, "{chunks} chunks kept {kept:?}");
+            assert!(kept[0] * 2 <= chunks.max(2), "{chunks} chunks kept {kept:?}");
+            assert!(kept.windows(2).all(|w| w[0] < w[1]));
+        }
     }
 }
