@@ -444,7 +444,6 @@ impl Marks {
     }
 }
 
-
 /// Checks every decoding mode shares; returns the number of tokens that may be generated.
 pub(crate) fn check_request(
     model: &LoadedModel,

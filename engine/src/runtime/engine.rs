@@ -155,7 +155,7 @@ pub struct Engine {
     /// What the prefix cache (on the MLX thread) has done and holds.
     pub prefix: Arc<PrefixStats>,
     /// Where every prompt is rendered and tokenized, a bounded number at once.
-    pub(super) preparing: Arc<super::prepare::Preparing>,
+    pub(super) preparing: Arc<super::prepare_pool::Preparing>,
     /// Least recently used first.
     resident: Mutex<Vec<Resident>>,
     known: Mutex<HashMap<String, ModelInfo>>,
@@ -196,8 +196,8 @@ impl Engine {
             started: Instant::now(),
             mlx: MlxThread::start(config.prefix_cache.clone(), prefix.clone())?,
             prefix,
-            preparing: Arc::new(super::prepare::Preparing::new(
-                super::prepare::PREPARE_AT_ONCE,
+            preparing: Arc::new(super::prepare_pool::Preparing::new(
+                super::prepare_pool::PREPARE_AT_ONCE,
                 config.max_queue,
             )),
             resident: Mutex::new(Vec::new()),

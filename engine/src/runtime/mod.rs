@@ -14,6 +14,7 @@ pub mod lease;
 pub mod model_ref;
 pub mod observe;
 mod prepare;
+mod prepare_pool;
 mod split;
 pub mod turn;
 pub mod warmup;
