@@ -325,10 +325,26 @@ async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(10), f).await.unwrap_or_else(|_| panic!("{what}"))
 }
 
-/// Hold the MLX thread until the sender is used (or dropped): what a long job does.
-fn hold_mlx(engine: &Engine) -> (std::sync::mpsc::Sender<()>, tokio::task::JoinHandle<()>) {
+/// Hold the MLX thread until the sender is used (or dropped): what a long job does. With
+/// `first`, returns once the hold is running (the thread was idle), so `MlxThread::pending`
+/// then counts only the jobs queued behind it; otherwise once it is queued.
+async fn hold_mlx(
+    engine: &Engine,
+    first: bool,
+) -> (std::sync::mpsc::Sender<()>, tokio::task::JoinHandle<()>) {
     let (release, held) = std::sync::mpsc::channel::<()>();
-    let job = engine.mlx.submit(move |_| Ok(held.recv().ok())).unwrap();
+    let running = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = running.clone();
+    let job = engine
+        .mlx
+        .submit(move |_| {
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(held.recv().ok())
+        })
+        .unwrap();
+    if first {
+        until("the hold never ran", || running.load(std::sync::atomic::Ordering::SeqCst)).await;
+    }
     (release, tokio::spawn(async move { job.await.unwrap().unwrap().unwrap_or_default() }))
 }
 
@@ -358,7 +374,7 @@ async fn a_load_time_warmup_past_its_deadline_is_cancelled_and_the_load_goes_on(
         e.resident_snapshot().into_iter().find(|m| m.id == MTP_FIXTURE).map(|m| m.load_time_warmup)
     };
     // The MTP model's load queues behind a held MLX thread...
-    let (release_first, first) = hold_mlx(&engine);
+    let (release_first, first) = hold_mlx(&engine, true).await;
     let loader = {
         let e = engine.clone();
         tokio::spawn(async move { e.lease_model(MTP_FIXTURE).await })
@@ -366,7 +382,7 @@ async fn a_load_time_warmup_past_its_deadline_is_cancelled_and_the_load_goes_on(
     until("the load never queued", || engine.mlx.pending() >= 1).await;
     // ...and a second hold queues behind the load, so its warmup cannot run before the
     // deadline passes.
-    let (release_second, second) = hold_mlx(&engine);
+    let (release_second, second) = hold_mlx(&engine, false).await;
     // A second request for the model waits on the load lock meanwhile.
     let waiter = {
         let e = engine.clone();
@@ -471,7 +487,7 @@ async fn keep_alive_spares_a_model_used_while_its_unload_waited_for_the_load_loc
     let engine = Arc::new(Engine::start(cfg).unwrap());
     engine.start_background();
     // A load holds the load lock for as long as the MLX thread is held.
-    let (release, held) = hold_mlx(&engine);
+    let (release, held) = hold_mlx(&engine, true).await;
     let loader = {
         let e = engine.clone();
         tokio::spawn(async move { e.lease_model(MTP_FIXTURE).await })
