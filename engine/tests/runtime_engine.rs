@@ -478,7 +478,8 @@ async fn the_observer_hears_each_turn_s_tokens_prefill_end_and_mode() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keep_alive_spares_a_model_used_while_its_unload_waited_for_the_load_lock() {
     let _serial = SERIAL.lock().await;
-    let keep = Duration::from_secs(2);
+    // Long enough that the load and its warmup after the use cannot reach it on a slow machine.
+    let keep = Duration::from_secs(4);
     let cfg = EngineConfig {
         max_resident: 2,
         keep_alive: KeepAlive::For(keep),
