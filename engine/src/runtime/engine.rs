@@ -544,14 +544,20 @@ impl Engine {
         self.leases.released(Some(id)).await;
         let _guard = self.load_lock.lock().await;
         let owned = id.to_string();
-        let rx = self.mlx.submit(move |w| {
+        let freed = match self.mlx.submit(move |w| {
             w.unload(&owned);
             Ok(())
-        })?;
-        rx.await
-            .map_err(|_| EngineError::Internal("unloading failed on the MLX thread".into()))??;
+        }) {
+            Ok(rx) => rx.await.unwrap_or_else(|_| {
+                Err(EngineError::Internal("unloading failed on the MLX thread".into()))
+            }),
+            Err(e) => Err(e),
+        };
+        // Off the list however that went (a stopped MLX thread holds no model): a model left
+        // marked unloading would make every load of it wait for good.
         self.resident.locked().retain(|m| m.info.id != id);
         self.unloaded.notify_waiters();
+        freed?;
         tracing::info!(model = id, "unloaded");
         Ok(true)
     }

@@ -47,14 +47,15 @@ impl Preparing {
         &self,
         work: impl FnOnce() -> Result<T> + Send + 'static,
     ) -> Result<T> {
-        let waited = self.waiting.fetch_add(1, Ordering::SeqCst);
+        // Counted as waiting until it has a place, however the wait ends: with the place, the
+        // deadline, or the request's future dropped (its client left).
+        let waiting = Waiting::new(&self.waiting);
         let done = async {
-            if waited >= self.max_waiting {
-                self.waiting.fetch_sub(1, Ordering::SeqCst);
-                return Err(EngineError::Busy(waited));
+            if waiting.ahead >= self.max_waiting {
+                return Err(EngineError::Busy(waiting.ahead));
             }
             let permit = self.slots.clone().acquire_owned().await;
-            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            drop(waiting);
             let permit = permit.map_err(|e| EngineError::Internal(e.to_string()))?;
             // The place is held until the work itself ends, even past the deadline: a render
             // that overran still uses its memory.
@@ -75,36 +76,69 @@ impl Preparing {
     }
 }
 
+/// One waiter's count in `Preparing::waiting`, given back on drop.
+struct Waiting<'a> {
+    count: &'a AtomicUsize,
+    /// How many were waiting before this one.
+    ahead: usize,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(count: &'a AtomicUsize) -> Waiting<'a> {
+        Waiting { count, ahead: count.fetch_add(1, Ordering::SeqCst) }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Until `f` holds (bounded: a broken pool fails, it does not hang).
+    async fn until(f: impl Fn() -> bool) {
+        let t = std::time::Instant::now();
+        while !f() {
+            assert!(t.elapsed() < Duration::from_secs(10), "timed out");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn preparations_run_two_at_a_time_and_a_full_wait_is_busy() {
         let pool = Arc::new(Preparing::new(2, 3));
         let (now, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let hold = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let mut runs = vec![];
         for _ in 0..5 {
-            let (pool, now, peak) = (pool.clone(), now.clone(), peak.clone());
+            let (pool, now, peak, hold) = (pool.clone(), now.clone(), peak.clone(), hold.clone());
             runs.push(tokio::spawn(async move {
                 pool.run(move || {
                     let n = now.fetch_add(1, Ordering::SeqCst) + 1;
                     peak.fetch_max(n, Ordering::SeqCst);
-                    std::thread::sleep(Duration::from_millis(50));
+                    while hold.load(Ordering::SeqCst) {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
                     now.fetch_sub(1, Ordering::SeqCst);
                     Ok(())
                 })
                 .await
             }));
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
         // Two run, three wait: a sixth finds no room.
+        until(|| now.load(Ordering::SeqCst) == 2 && pool.waiting.load(Ordering::SeqCst) == 3).await;
         let sixth = pool.run(|| Ok(())).await;
         assert!(matches!(sixth, Err(EngineError::Busy(_))), "{sixth:?}");
+        hold.store(false, Ordering::SeqCst);
         for r in runs {
             r.await.unwrap().unwrap();
         }
         assert_eq!(peak.load(Ordering::SeqCst), 2, "more than two preparations ran at once");
+        assert_eq!(pool.waiting.load(Ordering::SeqCst), 0);
     }
 
     #[tokio::test]
@@ -124,5 +158,9 @@ mod tests {
         let late = pool.run(|| Ok(())).await;
         assert!(matches!(late, Err(EngineError::PrepareDeadline(_))), "{late:?}");
         assert!(matches!(busy.await.unwrap(), Err(EngineError::PrepareDeadline(_))));
+        // A wait that ran out gave its place in the queue back.
+        assert_eq!(pool.waiting.load(Ordering::SeqCst), 0, "a timed-out wait is still counted");
+        tokio::time::sleep(Duration::from_millis(400)).await; // the overrun render ends
+        assert!(pool.run(|| Ok(())).await.is_ok());
     }
 }
