@@ -181,3 +181,155 @@ fn cancellation_ends_within_one_step() {
     assert_eq!(out.finish_reason, FinishReason::Cancelled);
     assert!(out.tokens.len() <= 1);
 }
+
+/// One sequence of a batch test: its prompt, settings, the step it joins at, and the step
+/// its client cancels at.
+struct Job {
+    prompt: Vec<u32>,
+    params: GenerateParams,
+    joins_at: usize,
+    cancel_at: Option<usize>,
+}
+
+/// Run `jobs` through `decode::batch` with `budget` tokens a step, joining and cancelling as
+/// each says: each one's generation and the text its callback saw.
+fn run_batch(
+    model: &perch_engine::LoadedModel,
+    jobs: &[Job],
+    budget: usize,
+) -> Vec<(perch_engine::Generation, String)> {
+    use perch_engine::decode::batch::{step, Sequence};
+    use std::sync::{Arc, Mutex};
+    let texts: Vec<Arc<Mutex<String>>> = jobs.iter().map(|_| Arc::default()).collect();
+    let cancels: Vec<Arc<AtomicBool>> = jobs.iter().map(|_| Arc::default()).collect();
+    let mut seqs: Vec<Option<Sequence>> = jobs.iter().map(|_| None).collect();
+    let mut done: Vec<Option<perch_engine::Generation>> = jobs.iter().map(|_| None).collect();
+    for n in 0..10_000 {
+        for (i, job) in jobs.iter().enumerate() {
+            if job.joins_at == n {
+                let text = texts[i].clone();
+                let on_piece =
+                    Box::new(move |t: &str, _: &[perch_engine::decode::TokenLogprob]| {
+                        text.lock().unwrap().push_str(t)
+                    });
+                let s = Sequence::new(
+                    model,
+                    job.prompt.clone(),
+                    job.params.clone(),
+                    None,
+                    cancels[i].clone(),
+                    on_piece,
+                );
+                seqs[i] = Some(s.unwrap());
+            }
+            if job.cancel_at == Some(n) {
+                cancels[i].store(true, Ordering::Relaxed);
+            }
+        }
+        let mut live: Vec<&mut Sequence> = seqs.iter_mut().flatten().collect();
+        if !live.is_empty() {
+            step(model, &mut live, budget).unwrap();
+        }
+        for i in 0..jobs.len() {
+            if seqs[i].as_ref().is_some_and(|s| s.ended()) {
+                let (g, _, _) = seqs[i].take().unwrap().finish();
+                done[i] = Some(g.unwrap());
+            }
+        }
+        if done.iter().all(Option::is_some) {
+            let texts = texts.iter().map(|t| t.lock().unwrap().clone());
+            return done.into_iter().map(Option::unwrap).zip(texts).collect();
+        }
+    }
+    panic!("the batch never finished");
+}
+
+#[test]
+fn a_batch_of_mixed_sequences_decodes_each_as_it_would_alone() {
+    // Every fixture family, Gemma's sliding-window rings among them: mixed prompt lengths
+    // (one far past Gemma's window of 8, prefilled in small chunks while the others decode),
+    // joins mid-way, a stop string, seeded sampling, logprobs and a grammar in one batch.
+    for name in ["llama", "qwen3", "gemma3"] {
+        let model = load_fixture(name);
+        let g = golden(name);
+        let base = |n| GenerateParams { prefill_chunk: 5, ..params(n, SamplingParams::greedy()) };
+        let long: Vec<u32> =
+            g.prompt_ids.iter().cycle().take(g.prompt_ids.len() * 6).copied().collect();
+        let solo_text = generate(&model, &g.prompt_ids, &base(24), None, |_| {}).unwrap().text;
+        let at =
+            solo_text.char_indices().map(|(i, _)| i).find(|&i| i >= solo_text.len() / 2).unwrap();
+        let stop: String = solo_text[at..].chars().take(4).collect();
+        let tok = &model.tokenizer;
+        let grammar = perch_engine::decode::constraint::Grammars::default()
+            .json_schema(tok, model.vocab_size, &serde_json::json!({"type": "object"}))
+            .unwrap();
+        let jobs = vec![
+            Job { prompt: g.prompt_ids.clone(), params: base(24), joins_at: 0, cancel_at: None },
+            Job {
+                prompt: g.prompt_ids[..5].to_vec(),
+                params: base(10),
+                joins_at: 0,
+                cancel_at: None,
+            },
+            Job { prompt: long.clone(), params: base(12), joins_at: 3, cancel_at: None },
+            Job {
+                prompt: g.prompt_ids[2..].to_vec(),
+                params: GenerateParams { logprobs: Some(2), ..params(16, hot(5)) },
+                joins_at: 1,
+                cancel_at: None,
+            },
+            Job {
+                prompt: g.prompt_ids.clone(),
+                params: GenerateParams { stop: vec![stop.clone()], ..base(24) },
+                joins_at: 4,
+                cancel_at: None,
+            },
+            Job {
+                prompt: long[3..].to_vec(),
+                params: GenerateParams { constraint: Some(grammar), ..base(20) },
+                joins_at: 2,
+                cancel_at: None,
+            },
+        ];
+        let batch = run_batch(&model, &jobs, 9);
+        for (i, (job, (got, streamed))) in jobs.iter().zip(&batch).enumerate() {
+            let want = generate(&model, &job.prompt, &job.params, None, |_| {}).unwrap();
+            assert_eq!(got.tokens, want.tokens, "{name}: sequence {i} differs from its solo run");
+            assert_eq!(got.text, want.text, "{name}: sequence {i}");
+            assert_eq!(*streamed, want.text, "{name}: sequence {i}'s streamed text");
+            assert_eq!(got.finish_reason, want.finish_reason, "{name}: sequence {i}");
+            assert_eq!(got.logprobs.len(), want.logprobs.len(), "{name}: sequence {i}");
+            for (a, b) in got.logprobs.iter().zip(&want.logprobs) {
+                assert_eq!(a.token, b.token);
+                assert!((a.logprob - b.logprob).abs() < 1e-3, "{name}: {a:?} vs {b:?}");
+            }
+        }
+        assert_eq!(batch[4].0.finish_reason, FinishReason::Stop, "{name}: the stop string");
+        assert!(batch[4].0.tokens.len() < 24, "{name}: the stop string ended nothing");
+    }
+}
+
+#[test]
+fn a_sequence_cancelled_mid_batch_leaves_the_others_as_they_were() {
+    let model = load_fixture("qwen3");
+    let g = golden("qwen3");
+    let long: Vec<u32> =
+        g.prompt_ids.iter().cycle().take(g.prompt_ids.len() * 8).copied().collect();
+    let p = |n| GenerateParams { prefill_chunk: 4, ..params(n, SamplingParams::greedy()) };
+    let jobs = vec![
+        Job { prompt: g.prompt_ids.clone(), params: p(30), joins_at: 0, cancel_at: None },
+        // Cancelled while decoding, and another while still prefilling (budget 6 a step).
+        Job { prompt: g.prompt_ids.clone(), params: p(30), joins_at: 0, cancel_at: Some(5) },
+        Job { prompt: long, params: p(30), joins_at: 1, cancel_at: Some(3) },
+        Job { prompt: g.prompt_ids[1..].to_vec(), params: p(20), joins_at: 2, cancel_at: None },
+    ];
+    let batch = run_batch(&model, &jobs, 6);
+    assert_eq!(batch[1].0.finish_reason, FinishReason::Cancelled);
+    assert!(batch[1].0.tokens.len() <= 6, "ran {} tokens", batch[1].0.tokens.len());
+    assert_eq!(batch[2].0.finish_reason, FinishReason::Cancelled);
+    assert!(batch[2].0.tokens.is_empty(), "cancelled while prefilling, yet it decoded");
+    for i in [0, 3] {
+        let want = generate(&model, &jobs[i].prompt, &jobs[i].params, None, |_| {}).unwrap();
+        assert_eq!(batch[i].0.tokens, want.tokens, "sequence {i}");
+    }
+}

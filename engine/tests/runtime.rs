@@ -95,7 +95,7 @@ fn setup_rungs(rungs: Vec<usize>, grace: Duration, step_ms: u64) -> Setup {
     };
     Setup {
         fg: Arc::new(Foreground::new()),
-        gate: Arc::new(Gate::new(8)),
+        gate: Arc::new(Gate::new(8, 1)),
         leases: Leases::new(),
         work: FakeRungs::new(step_ms),
         ladder: WarmupLadder::new(cfg, "m", 4096),

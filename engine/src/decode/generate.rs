@@ -9,8 +9,9 @@ use mlx_rs::Array;
 
 use super::common::{
     begin, cancelled_early, host_u32, prefill, token_array, Begin, DraftMode, Ended,
-    GenerateParams, Generation, Marks, Output, Request, TokenLogprob,
+    GenerateParams, Generation, Marks, Request, TokenLogprob,
 };
+use super::output::Output;
 use crate::error::Result;
 use crate::model::kv_cache::{KvCache, KvState};
 use crate::model::LoadedModel;

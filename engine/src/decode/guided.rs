@@ -5,14 +5,17 @@
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::{async_eval, eval};
+use mlx_rs::Array;
 
 use super::common::{
-    begin, cancelled_early, host_u32, prefill, token_array, Begin, Ended, Marks, Output, Request,
-    TokenLogprob, TopLogprob,
+    begin, cancelled_early, host_u32, prefill, token_array, Begin, Ended, GenerateParams, Marks,
+    Request, TokenLogprob, TopLogprob,
 };
+use super::output::Output;
+use super::sampler::Sampler;
 use crate::error::{EngineError, Result};
 use crate::model::kv_cache::KvState;
-use crate::model::LoadedModel;
+use crate::tokenizer::Tokenizer;
 
 /// Candidates checked against the constraint before the rest of the vocabulary is sorted.
 const CANDIDATES: usize = 64;
@@ -31,21 +34,66 @@ pub(crate) fn generate(
         let ended = Ended::new(cancelled_early(prompt.len(), start), caches, None, reused);
         return Ok(ended.with_marks(marks));
     }
-    let mut grammar = params.constraint.clone();
-    let mut rng = HostRng::new(
-        params
-            .sampling
-            .seed
-            .unwrap_or_else(|| start.elapsed().as_nanos() as u64 ^ 0x9E37_79B9_7F4A_7C15),
-    );
+    let mut guide = Guide::new(params, start);
     let mut out = Output::new(model, params, max_tokens, cancel, on_piece);
     let mut input = prompt[prompt.len() - 1];
     loop {
-        let logits = model
-            .forward(&token_array(&[input]), &mut caches)?
-            .index((.., -1, ..))
-            .as_dtype(mlx_rs::Dtype::Float32)?;
-        let id = match &mut grammar {
+        let logits = model.forward(&token_array(&[input]), &mut caches)?.index((.., -1, ..));
+        let (id, lp) = guide.pick(&model.tokenizer, &mut sampler, &logits)?;
+        if !out.push_with(id, lp)? {
+            break;
+        }
+        if guide.done() {
+            out.stop();
+            break;
+        }
+        input = id;
+    }
+    Ok(Ended::new(out.finish(prompt.len(), start, None)?, caches, None, reused).with_marks(marks))
+}
+
+/// One generation's per-step host work: its grammar, the random stream sampling under it
+/// draws from, and how many logprobs it reports. Solo decoding (`generate`) and a batch's
+/// sequences (`batch`) choose each token through it.
+pub(crate) struct Guide {
+    grammar: Option<super::constraint::Constraint>,
+    rng: HostRng,
+    logprobs: Option<usize>,
+}
+
+impl Guide {
+    /// Whether a generation with `params` needs the host at every step.
+    pub fn needed(params: &GenerateParams) -> bool {
+        params.logprobs.is_some() || params.constraint.is_some()
+    }
+
+    pub fn new(params: &GenerateParams, start: std::time::Instant) -> Guide {
+        let seed = params
+            .sampling
+            .seed
+            .unwrap_or_else(|| start.elapsed().as_nanos() as u64 ^ 0x9E37_79B9_7F4A_7C15);
+        Guide {
+            grammar: params.constraint.clone(),
+            rng: HostRng::new(seed),
+            logprobs: params.logprobs,
+        }
+    }
+
+    /// The grammar is complete: the generation ends here.
+    pub fn done(&self) -> bool {
+        self.grammar.as_ref().is_some_and(|g| g.is_done())
+    }
+
+    /// The next token from one position's `logits` ([1, V], still lazy), with its logprobs
+    /// when they were asked for.
+    pub fn pick(
+        &mut self,
+        tokenizer: &Tokenizer,
+        sampler: &mut Sampler,
+        logits: &Array,
+    ) -> Result<(u32, Option<TokenLogprob>)> {
+        let logits = logits.as_dtype(mlx_rs::Dtype::Float32)?;
+        let id = match &mut self.grammar {
             Some(g) => {
                 // The mask is host work: start the forward pass first so the two overlap.
                 async_eval([&logits])?;
@@ -58,7 +106,7 @@ pub(crate) fn generate(
                     scores.as_slice::<f32>(),
                     |id| allowed.contains(id),
                     sampler.is_greedy(),
-                    &mut rng,
+                    &mut self.rng,
                 )
                 .or_else(|| {
                     // The filters left nothing the grammar allows: the best allowed logit.
@@ -69,7 +117,7 @@ pub(crate) fn generate(
                         .max_by(|a, b| raw[*a as usize].total_cmp(&raw[*b as usize]))
                 })
                 .ok_or_else(|| grammar_failed("no token of this vocabulary continues it".into()))?;
-                if !model.tokenizer.is_eos(id) {
+                if !tokenizer.is_eos(id) {
                     g.consume(id).map_err(grammar_failed)?;
                 }
                 sampler.observe_ids(&[id])?;
@@ -81,27 +129,23 @@ pub(crate) fn generate(
                 host_u32(&y)?
             }
         };
-        let lp = match params.logprobs {
-            Some(n) => Some(token_logprob(model, logits.as_slice::<f32>(), id, n)?),
+        let lp = match self.logprobs {
+            Some(n) => Some(token_logprob(tokenizer, logits.as_slice::<f32>(), id, n)?),
             None => None,
         };
-        let going = out.push_with(id, lp)?;
-        if !going {
-            break;
-        }
-        if grammar.as_ref().is_some_and(|g| g.is_done()) {
-            out.stop();
-            break;
-        }
-        input = id;
+        Ok((id, lp))
     }
-    Ok(Ended::new(out.finish(prompt.len(), start, None)?, caches, None, reused).with_marks(marks))
 }
 
-fn token_logprob(model: &LoadedModel, logits: &[f32], id: u32, top: usize) -> Result<TokenLogprob> {
+fn token_logprob(
+    tokenizer: &Tokenizer,
+    logits: &[f32],
+    id: u32,
+    top: usize,
+) -> Result<TokenLogprob> {
     let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
     let lse = max + logits.iter().map(|&x| ((x - max) as f64).exp()).sum::<f64>().ln() as f32;
-    let text = |t: u32| model.tokenizer.decode(&[t]);
+    let text = |t: u32| tokenizer.decode(&[t]);
     let mut order: Vec<u32> = (0..logits.len() as u32).collect();
     let top = top.min(order.len());
     if top > 0 {

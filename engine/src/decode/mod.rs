@@ -1,13 +1,15 @@
 //! Decoding: from a prompt's token ids to generated tokens. `common` holds what the loops
-//! share; `generate` dispatches to plain pipelined decoding, `guided` (per-step host work:
+//! share, `output` where sampled tokens go; `generate` dispatches to plain pipelined decoding, `guided` (per-step host work:
 //! logprobs, grammars) or `speculative` (drafts verified in one pass); `sampler` and `stop`
 //! (stop strings) are theirs.
 //! The KV cache is the model's state and lives in `model::kv_cache`.
 
+pub mod batch;
 pub mod common;
 pub mod constraint;
 pub mod generate;
 pub mod guided;
+pub mod output;
 pub mod sampler;
 pub mod speculative;
 pub mod stop;

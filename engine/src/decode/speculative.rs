@@ -18,9 +18,10 @@ use mlx_rs::transforms::eval;
 use mlx_rs::{random, Array};
 
 use super::common::{
-    begin, cancelled_early, token_array, Begin, DraftMode, DraftStats, Ended, Marks, Output,
-    Request, TokenLogprob,
+    begin, cancelled_early, token_array, Begin, DraftMode, DraftStats, Ended, Marks, Request,
+    TokenLogprob,
 };
+use super::output::Output;
 use super::sampler::Sampler;
 use crate::error::{EngineError, Result};
 use crate::model::kv_cache::{KvCache, KvState};

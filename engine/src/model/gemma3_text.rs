@@ -6,7 +6,7 @@
 use mlx_rs::Array;
 
 use super::host_step;
-use super::layers::{Attention, AttentionShape, Mlp, RmsNorm, Rope};
+use super::layers::{layer_caches, Attention, AttentionShape, Mlp, RmsNorm, Rope};
 use super::linear::Embedding;
 use super::weights::Weights;
 use super::{Architecture, ModelConfig};
@@ -24,16 +24,22 @@ struct Block {
 }
 
 impl Block {
-    fn forward(&self, x: &Array, cache: &mut KvCache, lora: Option<&LayerLora>) -> Result<Array> {
+    fn forward(
+        &self,
+        x: &Array,
+        caches: &mut [&mut KvCache],
+        lens: &[i32],
+        lora: Option<&LayerLora>,
+    ) -> Result<Array> {
         if self.mlp.steps_on_host(x, lora) {
             let xs = host_step::values(x)?;
             let n = host_step::array(&self.input_norm.host(&xs)?, x)?;
-            let r = host_step::values(&self.attention.forward(&n, cache, None)?)?;
+            let r = host_step::values(&self.attention.forward_rows(&n, caches, lens, None)?)?;
             let h = host_step::add(&xs, &self.post_attention_norm.host(&r)?);
             let m = self.mlp.host(&self.pre_feedforward_norm.host(&h)?);
             return host_step::array(&host_step::add(&h, &self.post_feedforward_norm.host(&m)?), x);
         }
-        let r = self.attention.forward(&self.input_norm.forward(x)?, cache, lora)?;
+        let r = self.attention.forward_rows(&self.input_norm.forward(x)?, caches, lens, lora)?;
         let h = x.add(self.post_attention_norm.forward(&r)?)?;
         let r = self.mlp.forward(&self.pre_feedforward_norm.forward(&h)?, lora)?;
         Ok(h.add(self.post_feedforward_norm.forward(&r)?)?)
@@ -126,15 +132,17 @@ pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<Gemma3Text> {
 }
 
 impl Architecture for Gemma3Text {
-    fn hidden_with(
+    fn hidden_rows(
         &self,
         tokens: &Array,
-        caches: &mut [KvCache],
+        seqs: &mut [&mut [KvCache]],
+        lens: &[i32],
         lora: Option<&Lora>,
     ) -> Result<Array> {
         let mut h = self.embed(tokens)?;
-        for (i, (block, cache)) in self.blocks.iter().zip(caches.iter_mut()).enumerate() {
-            h = block.forward(&h, cache, layer_of(lora, i))?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            let mut layer = layer_caches(seqs, i);
+            h = block.forward(&h, &mut layer, lens, layer_of(lora, i))?;
         }
         self.norm.forward(&h)
     }

@@ -267,15 +267,20 @@ impl Attention {
         cache: &mut KvCache,
         lora: Option<&LayerLora>,
     ) -> Result<Array> {
-        let (b, l) = (x.shape()[0], x.shape()[1]);
-        let split = |y: Array, heads: i32, norm: &Option<RmsNorm>| -> Result<Array> {
-            let y = y.reshape(&[b, l, heads, self.head_dim])?;
-            let y = match norm {
-                Some(n) => n.forward(&y)?,
-                None => y,
-            };
-            Ok(y.transpose_axes(&[0, 2, 1, 3])?)
-        };
+        let l = x.shape()[1];
+        self.forward_rows(x, &mut [cache], &[l], lora)
+    }
+
+    /// A batched step (`x`: [1, T, hidden]): sequence i owns the next `lens[i]` rows and
+    /// `caches[i]`. The projections read their weights once for all rows; each sequence
+    /// attends over its own cache, at its own position.
+    pub fn forward_rows(
+        &self,
+        x: &Array,
+        caches: &mut [&mut KvCache],
+        lens: &[i32],
+        lora: Option<&LayerLora>,
+    ) -> Result<Array> {
         let mut qkv = self.qkv.forward(x)?.into_iter();
         let (mut q, mut k, mut v) = (qkv.next().unwrap(), qkv.next().unwrap(), qkv.next().unwrap());
         if let Some(l) = lora {
@@ -283,6 +288,37 @@ impl Attention {
             k = l.apply(Target::K, x, k)?;
             v = l.apply(Target::V, x, v)?;
         }
+        let out = match caches {
+            [cache] => self.attend(&q, &k, &v, cache)?,
+            _ => {
+                let mut outs = Vec::with_capacity(caches.len());
+                let mut s = 0;
+                for (cache, &l) in caches.iter_mut().zip(lens) {
+                    let rows = |a: &Array| a.index((.., s..s + l, ..));
+                    outs.push(self.attend(&rows(&q), &rows(&k), &rows(&v), cache)?);
+                    s += l;
+                }
+                mlx_rs::ops::concatenate(&outs, 1)?
+            }
+        };
+        match lora {
+            Some(l) => l.apply(Target::O, &out, self.o.forward(&out)?),
+            None => self.o.forward(&out),
+        }
+    }
+
+    /// One sequence's projected rows ([B, L, ..]) through RoPE at its cache's position, the
+    /// cache, and attention: [B, L, heads * head_dim].
+    fn attend(&self, q: &Array, k: &Array, v: &Array, cache: &mut KvCache) -> Result<Array> {
+        let (b, l) = (q.shape()[0], q.shape()[1]);
+        let split = |y: &Array, heads: i32, norm: &Option<RmsNorm>| -> Result<Array> {
+            let y = y.reshape(&[b, l, heads, self.head_dim])?;
+            let y = match norm {
+                Some(n) => n.forward(&y)?,
+                None => y,
+            };
+            Ok(y.transpose_axes(&[0, 2, 1, 3])?)
+        };
         let q = split(q, self.heads, &self.q_norm)?;
         let k = split(k, self.kv_heads, &self.k_norm)?;
         let v = split(v, self.kv_heads, &None)?;
@@ -292,22 +328,16 @@ impl Attention {
         let (k, v, mask) = cache.update(&k, &v)?;
         // On the CPU backend the host computes it (see host_attention); MLX's causal mode
         // aligns the mask to the bottom right, which is what a prefix in the cache needs.
-        let out = match host_attention::try_attend(&q, &k, &v, &mask, cache, self.scale)? {
-            Some(out) => out,
-            None => {
-                let mask = match &mask {
-                    AttentionMask::None => None,
-                    AttentionMask::Causal => Some(ScaledDotProductAttentionMask::Causal),
-                    AttentionMask::Array(m) => Some(ScaledDotProductAttentionMask::Array(m)),
-                };
-                let out = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask, None)?;
-                out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * self.head_dim])?
-            }
-        };
-        match lora {
-            Some(l) => l.apply(Target::O, &out, self.o.forward(&out)?),
-            None => self.o.forward(&out),
+        if let Some(out) = host_attention::try_attend(&q, &k, &v, &mask, cache, self.scale)? {
+            return Ok(out);
         }
+        let mask = match &mask {
+            AttentionMask::None => None,
+            AttentionMask::Causal => Some(ScaledDotProductAttentionMask::Causal),
+            AttentionMask::Array(m) => Some(ScaledDotProductAttentionMask::Array(m)),
+        };
+        let out = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask, None)?;
+        Ok(out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * self.head_dim])?)
     }
 }
 
@@ -437,21 +467,25 @@ impl PreNormBlock {
         })
     }
 
+    /// `x`: [1, T, hidden], sequence i owning the next `lens[i]` rows and `caches[i]` (one
+    /// sequence: every row).
     pub fn forward(
         &self,
         x: &Array,
-        cache: &mut KvCache,
+        caches: &mut [&mut KvCache],
+        lens: &[i32],
         lora: Option<&LayerLora>,
     ) -> Result<Array> {
         if self.mlp.steps_on_host(x, lora) {
             let xs = host_step::values(x)?;
             let n = host_step::array(&self.input_norm.host(&xs)?, x)?;
-            let h =
-                host_step::add(&xs, &host_step::values(&self.attention.forward(&n, cache, None)?)?);
+            let a = self.attention.forward_rows(&n, caches, lens, None)?;
+            let h = host_step::add(&xs, &host_step::values(&a)?);
             let m = self.mlp.host(&self.post_attention_norm.host(&h)?);
             return host_step::array(&host_step::add(&h, &m), x);
         }
-        let h = x.add(self.attention.forward(&self.input_norm.forward(x)?, cache, lora)?)?;
+        let n = self.input_norm.forward(x)?;
+        let h = x.add(self.attention.forward_rows(&n, caches, lens, lora)?)?;
         Ok(h.add(self.mlp.forward(&self.post_attention_norm.forward(&h)?, lora)?)?)
     }
 }
@@ -468,15 +502,18 @@ pub struct DecoderStack {
 }
 
 impl DecoderStack {
-    pub fn hidden(
+    /// `tokens`: [1, T], sequence i owning the next `lens[i]` of them and `seqs[i]`.
+    pub fn hidden_rows(
         &self,
         tokens: &Array,
-        caches: &mut [KvCache],
+        seqs: &mut [&mut [KvCache]],
+        lens: &[i32],
         lora: Option<&Lora>,
     ) -> Result<Array> {
         let mut h = self.embed.forward(tokens)?;
-        for (i, (block, cache)) in self.blocks.iter().zip(caches.iter_mut()).enumerate() {
-            h = block.forward(&h, cache, layer_of(lora, i))?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            let mut layer = layer_caches(seqs, i);
+            h = block.forward(&h, &mut layer, lens, layer_of(lora, i))?;
         }
         self.norm.forward(&h)
     }
@@ -488,6 +525,11 @@ impl DecoderStack {
             (None, _) => self.embed.as_linear(h),
         }
     }
+}
+
+/// Layer `i`'s cache of each sequence in a batched step.
+pub fn layer_caches<'c>(seqs: &'c mut [&mut [KvCache]], i: usize) -> Vec<&'c mut KvCache> {
+    seqs.iter_mut().map(|c| &mut c[i]).collect()
 }
 
 /// How a Llama-family stack is shaped; the architecture files fill this in from config.json.
@@ -530,13 +572,14 @@ impl StackShape {
 }
 
 impl super::Architecture for DecoderStack {
-    fn hidden_with(
+    fn hidden_rows(
         &self,
         tokens: &Array,
-        caches: &mut [KvCache],
+        seqs: &mut [&mut [KvCache]],
+        lens: &[i32],
         lora: Option<&Lora>,
     ) -> Result<Array> {
-        DecoderStack::hidden(self, tokens, caches, lora)
+        DecoderStack::hidden_rows(self, tokens, seqs, lens, lora)
     }
 
     fn logits(&self, hidden: &Array) -> Result<Array> {

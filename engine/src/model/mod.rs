@@ -43,6 +43,19 @@ pub trait Architecture: Send {
         tokens: &Array,
         caches: &mut [KvCache],
         lora: Option<&Lora>,
+    ) -> Result<Array> {
+        let l = tokens.shape()[1];
+        self.hidden_rows(tokens, &mut [caches], &[l], lora)
+    }
+    /// A batched step: `tokens` [1, T] int32, sequence i owning the next `lens[i]` of them
+    /// and its own caches `seqs[i]` (one per layer), each at its own position → hidden
+    /// states [1, T, hidden]. The projections read each weight once for all T rows.
+    fn hidden_rows(
+        &self,
+        tokens: &Array,
+        seqs: &mut [&mut [KvCache]],
+        lens: &[i32],
+        lora: Option<&Lora>,
     ) -> Result<Array>;
     fn hidden(&self, tokens: &Array, caches: &mut [KvCache]) -> Result<Array> {
         self.hidden_with(tokens, caches, None)

@@ -82,7 +82,10 @@ impl MtpHead {
         let e = self.embed_norm.forward(&main.embed(tokens)?)?;
         let h = self.hidden_norm.forward(hidden)?;
         let x = self.fc.forward(&concatenate(&[e, h], -1)?)?;
-        let x = self.block.forward(&x, cache, None)?;
+        let x = {
+            let l = x.shape()[1];
+            self.block.forward(&x, &mut [cache], &[l], None)?
+        };
         self.norm.forward(&x)
     }
 }

@@ -25,6 +25,9 @@ use crate::prefix_cache::{PrefixCacheConfig, PrefixStats};
 use crate::sync::{LockExt, RwLockExt};
 use crate::tokenizer::Tokenizer;
 
+/// User turns generating together unless the settings say otherwise.
+pub const DEFAULT_MAX_BATCH: usize = 4;
+
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub models_dir: PathBuf,
@@ -43,6 +46,11 @@ pub struct EngineConfig {
     pub max_tokens_cap: Option<usize>,
     /// Requests that may wait for the gate; more get "busy".
     pub max_queue: usize,
+    /// User turns generating at once, in one batch (docs/runtime.md §2); 1 is the solo
+    /// engine, with drafts.
+    pub max_batch: usize,
+    /// Tokens one batch step feeds at most while a sequence decodes (`batch::STEP_TOKENS`).
+    pub step_tokens: usize,
     /// Models resident at once; loading another evicts the least recently used.
     pub max_resident: usize,
     pub keep_alive: KeepAlive,
@@ -76,6 +84,8 @@ impl Default for EngineConfig {
             draft: "auto".into(),
             max_tokens_cap: None,
             max_queue: 32,
+            max_batch: DEFAULT_MAX_BATCH,
+            step_tokens: super::batch::STEP_TOKENS,
             max_resident: 1,
             keep_alive: KeepAlive::For(Duration::from_secs(30 * 60)),
             load_warmup: true,
@@ -154,6 +164,8 @@ pub struct Engine {
     pub mlx: MlxThread,
     /// What the prefix cache (on the MLX thread) has done and holds.
     pub prefix: Arc<PrefixStats>,
+    /// What the batch (on the MLX thread) runs and has run.
+    pub batch: Arc<super::batch::BatchStats>,
     /// Where every prompt is rendered and tokenized, a bounded number at once.
     pub(super) preparing: Arc<super::prepare_pool::Preparing>,
     /// Least recently used first.
@@ -175,6 +187,11 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// Whether user turns generate together (`max_batch` above 1).
+    pub fn batched(&self) -> bool {
+        self.config.max_batch > 1
+    }
+
     /// Start the MLX thread and load the configured model on it. Background work (load-time
     /// warmup, the ladder, keep-alive) starts with `start_background`.
     pub fn start(config: EngineConfig) -> Result<Engine> {
@@ -189,13 +206,19 @@ impl Engine {
             }
         };
         let prefix = Arc::new(PrefixStats::default());
+        let batch = Arc::new(super::batch::BatchStats::default());
         let engine = Engine {
-            gate: Arc::new(Gate::new(config.max_queue)),
+            gate: Arc::new(Gate::new(config.max_queue, config.max_batch)),
             foreground: Arc::new(Foreground::new()),
             leases: Leases::new(),
             started: Instant::now(),
-            mlx: MlxThread::start(config.prefix_cache.clone(), prefix.clone())?,
+            mlx: MlxThread::start(
+                config.prefix_cache.clone(),
+                prefix.clone(),
+                (batch.clone(), config.step_tokens),
+            )?,
             prefix,
+            batch,
             preparing: Arc::new(super::prepare_pool::Preparing::new(
                 super::prepare_pool::PREPARE_AT_ONCE,
                 config.max_queue,

@@ -1,5 +1,7 @@
-//! The generation gate (docs/runtime.md §2): one generation at a time, waiters served first in first
-//! out, a bounded queue, and a non-queuing probe (skip if busy).
+//! The generation gate (docs/runtime.md §2): admission to the batch. Up to `slots` user
+//! generations at once (continuous batching; one slot is the solo engine), waiters served
+//! first in first out, a bounded queue, and a non-queuing probe (skip if busy) that takes
+//! every slot, so background work runs only alone.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -14,7 +16,8 @@ pub enum GateError {
     QueueFull(usize),
 }
 
-/// Held while generating; dropping it lets the next waiter in.
+/// Held while generating (one slot for a user, every slot for background work); dropping it
+/// lets the next waiter in.
 pub struct GatePermit {
     _permit: OwnedSemaphorePermit,
 }
@@ -32,11 +35,15 @@ pub struct Gate {
     sem: Arc<Semaphore>,
     waiting: Arc<AtomicUsize>,
     max_waiting: usize,
+    slots: usize,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct GateSnapshot {
     pub busy: bool,
+    /// Slots taken (user generations running; every slot while background work runs).
+    pub running: usize,
+    pub slots: usize,
     pub waiting: usize,
     pub max_waiting: usize,
 }
@@ -53,21 +60,26 @@ impl Drop for Waiting {
 /// their turn; background work (load-time warmup, the ladder) skips if busy with
 /// `try_acquire`.
 impl Gate {
-    pub fn new(max_waiting: usize) -> Gate {
+    /// `slots`: user generations at once (at least one).
+    pub fn new(max_waiting: usize, slots: usize) -> Gate {
+        let slots = slots.max(1);
         Gate {
-            sem: Arc::new(Semaphore::new(1)),
+            sem: Arc::new(Semaphore::new(slots)),
             waiting: Arc::new(AtomicUsize::new(0)),
             max_waiting,
+            slots,
         }
     }
 
-    /// Skip if busy: a permit now if the gate is free and nobody waits; never queues, never
-    /// disturbs waiters.
+    /// Skip if busy: every slot now if no generation runs and nobody waits; never queues,
+    /// never disturbs waiters. Background work holds the whole gate, so no user turn runs
+    /// beside it (users queue and it yields to them, docs/runtime.md §4).
     pub fn try_acquire(&self) -> Option<GatePermit> {
         if self.waiting.load(Ordering::SeqCst) > 0 {
             return None;
         }
-        self.sem.clone().try_acquire_owned().ok().map(|p| GatePermit { _permit: p })
+        let all = self.slots as u32;
+        self.sem.clone().try_acquire_many_owned(all).ok().map(|p| GatePermit { _permit: p })
     }
 
     /// Wait for turn, first step: a place in the queue, or `QueueFull` at once when
@@ -82,8 +94,11 @@ impl Gate {
     }
 
     pub fn snapshot(&self) -> GateSnapshot {
+        let running = self.slots - self.sem.available_permits().min(self.slots);
         GateSnapshot {
-            busy: self.sem.available_permits() == 0,
+            busy: running > 0,
+            running,
+            slots: self.slots,
             waiting: self.waiting.load(Ordering::SeqCst),
             max_waiting: self.max_waiting,
         }
@@ -105,7 +120,7 @@ mod tests {
 
     #[tokio::test]
     async fn fifo_bounded_and_probes_leave_waiters_alone() {
-        let gate = Arc::new(Gate::new(2));
+        let gate = Arc::new(Gate::new(2, 1));
         let held = gate.enter().unwrap().wait().await;
         assert!(gate.try_acquire().is_none(), "skip if busy");
         let order = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -136,7 +151,7 @@ mod tests {
         // Between a user's count and its place in the semaphore's queue the gate can be free
         // for an instant; background work probing then must not take the turn. (Once the
         // user is queued, the semaphore's own FIFO hands a released permit to it.)
-        let gate = Gate::new(4);
+        let gate = Gate::new(4, 1);
         gate.waiting.fetch_add(1, Ordering::SeqCst);
         assert!(gate.try_acquire().is_none(), "a probe took the gate from a waiting user");
         gate.waiting.fetch_sub(1, Ordering::SeqCst);
@@ -145,7 +160,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_cancelled_waiter_leaves_the_queue() {
-        let gate = Gate::new(4);
+        let gate = Gate::new(4, 1);
         let held = gate.enter().unwrap().wait().await;
         let timed_out =
             tokio::time::timeout(Duration::from_millis(20), gate.enter().unwrap().wait()).await;

@@ -2,8 +2,9 @@
 //! the engine (foreground accounting), who may generate now (the generation gate), what pins
 //! a model (leases), and the background work that warms it (load-time MTP warmup, the
 //! warmup ladder), and the one way a user's turn goes through them (`turn`) to the MLX
-//! thread (`worker`).
+//! thread (`worker`), where the turns generating together form one batch (`batch`).
 
+pub mod batch;
 pub mod engine;
 pub mod event;
 pub mod foreground;

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use super::batch::{self, Joining};
 use super::engine::{Engine, ModelInfo};
 pub use super::event::{Answer, TurnEnd, TurnEvent, Usage};
 use super::model_ref::ModelRef;
@@ -190,11 +191,14 @@ impl Arrival {
         ]
         .into_iter()
         .find_map(|(on, why)| on.then_some(why));
-        let drafts_off = match (guided, &draft) {
+        // A batch verifies no drafts: above a batch of one, every turn decodes one token
+        // per step, and says so the same way.
+        let batched = engine.batched().then_some("batched decoding (max_batch above 1)");
+        let drafts_off = match (guided.or(batched), &draft) {
             (Some(why), d) if *d != DraftMode::None => Some(format!("drafts off: {why}")),
             _ => None,
         };
-        params.draft = if guided.is_some() { DraftMode::None } else { draft };
+        params.draft = if guided.or(batched).is_some() { DraftMode::None } else { draft };
         // A full queue refuses the request before it counts as queued: a 429 is no turn.
         let ticket = engine.gate.enter().map_err(|GateError::QueueFull(n)| EngineError::Busy(n))?;
         user.queue();
@@ -388,7 +392,7 @@ fn generate(
     prompt: Vec<u32>,
     params: GenerateParams,
     cancel: Arc<AtomicBool>,
-    mut on_piece: impl FnMut(&str, &[TokenLogprob]) + Send + 'static,
+    on_piece: impl FnMut(&str, &[TokenLogprob]) + Send + 'static,
 ) -> Result<Generation> {
     let warm = engine.with_resident(id, |m| {
         m.last_used = Instant::now();
@@ -398,19 +402,11 @@ fn generate(
     let guided = params.constraint.is_some() || params.logprobs.is_some();
     // The turn starts before the MLX thread takes it: a window running now delays it.
     let mark = engine.observer().map(|o| o.turn_begin());
-    let (g, to_disk) = engine.mlx.run(move |w| {
-        let model = w.model(&owned)?;
-        let key = CacheKey::of(model, params.adapter.as_ref().map(|a| a.dir.as_path()));
-        let mtp = matches!(params.draft, DraftMode::Mtp { .. }) && model.mtp.is_some();
-        let from = w.prefix.lookup(&key, &prompt, mtp);
-        let model = w.attach(&owned, params.adapter.as_ref())?;
-        // The adapter applies to this generation only; background work never sees it.
-        let g = generate_marked(model, &prompt, &params, Some(&cancel), from, &mut on_piece);
-        model.adapter = None;
-        let (g, state, marks) = g?;
-        let to_disk = w.prefix.keep_turn(&key, state, marks, g.cached_tokens);
-        Ok((g, (key, to_disk)))
-    })?;
+    let (g, to_disk) = if engine.batched() {
+        batched(engine, owned, prompt, params, cancel, Box::new(on_piece))?
+    } else {
+        solo(engine, owned, prompt, params, cancel, on_piece)?
+    };
     // Copying the states out for the disk tier is a job of its own behind this one, so the
     // answer does not wait for it.
     let (key, to_disk) = to_disk;
@@ -437,4 +433,53 @@ fn generate(
         }
     }
     Ok(g)
+}
+
+/// What a generation hands back: itself, and the states its caches leave for the disk tier.
+type Generated = (Generation, (CacheKey, Vec<crate::model::kv_cache::KvState>));
+
+/// The turn as one job of the MLX thread (`max_batch` 1: the solo engine, with drafts).
+fn solo(
+    engine: &Engine,
+    owned: String,
+    prompt: Vec<u32>,
+    params: GenerateParams,
+    cancel: Arc<AtomicBool>,
+    mut on_piece: impl FnMut(&str, &[TokenLogprob]) + Send + 'static,
+) -> Result<Generated> {
+    engine.mlx.run(move |w| {
+        let model = w.model(&owned)?;
+        let key = CacheKey::of(model, params.adapter.as_ref().map(|a| a.dir.as_path()));
+        let mtp = matches!(params.draft, DraftMode::Mtp { .. }) && model.mtp.is_some();
+        let from = w.prefix.lookup(&key, &prompt, mtp);
+        let model = w.attach(&owned, params.adapter.as_ref())?;
+        // The adapter applies to this generation only; background work never sees it.
+        let g = generate_marked(model, &prompt, &params, Some(&cancel), from, &mut on_piece);
+        model.adapter = None;
+        let (g, state, marks) = g?;
+        let to_disk = w.prefix.keep_turn(&key, state, marks, g.cached_tokens);
+        Ok((g, (key, to_disk)))
+    })
+}
+
+/// The turn as a sequence of the batch: it joins on the MLX thread and this thread waits for
+/// its end (its text streams through `on_piece` meanwhile).
+fn batched(
+    engine: &Engine,
+    model: String,
+    prompt: Vec<u32>,
+    params: GenerateParams,
+    cancel: Arc<AtomicBool>,
+    on_piece: crate::decode::batch::OnPiece,
+) -> Result<Generated> {
+    let (done, finished) = std::sync::mpsc::channel();
+    let joining = Joining { model, prompt, params, cancel, on_piece };
+    engine.mlx.run(move |w| {
+        batch::join(w, joining, done);
+        Ok(())
+    })?;
+    let f = finished.recv().map_err(|_| {
+        EngineError::Internal("the batch dropped a sequence (see the log)".into())
+    })??;
+    Ok((f.generation, (f.key, f.to_disk)))
 }

@@ -139,7 +139,7 @@ mod tests {
 
     #[tokio::test]
     async fn completes_on_a_finished_stream() {
-        let (gate, leases, warm) = (Gate::new(4), Leases::new(), AtomicBool::new(false));
+        let (gate, leases, warm) = (Gate::new(4, 1), Leases::new(), AtomicBool::new(false));
         let out = warm_at_load(
             &Fake::new("finishes"),
             "m",
@@ -157,7 +157,7 @@ mod tests {
 
     #[tokio::test]
     async fn times_out_on_a_stream_that_never_ends_and_lets_the_load_finish() {
-        let (gate, leases) = (Gate::new(4), Leases::new());
+        let (gate, leases) = (Gate::new(4, 1), Leases::new());
         let warm = AtomicBool::new(true); // e.g. warm from an earlier load: must be reset
         let fake = Fake::new("endless");
         let t = std::time::Instant::now();
@@ -191,7 +191,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_busy_gate_skips_without_consuming_the_warm_flag_or_disturbing_waiters() {
-        let gate = Arc::new(Gate::new(4));
+        let gate = Arc::new(Gate::new(4, 1));
         let leases = Leases::new();
         let warm = AtomicBool::new(false);
         let user = gate.enter().unwrap().wait().await;
@@ -227,7 +227,7 @@ mod tests {
         let warmup = tokio::spawn({
             let (fake, leases, warm) = (fake.clone(), leases.clone(), warm.clone());
             async move {
-                let gate = Gate::new(4);
+                let gate = Gate::new(4, 1);
                 warm_at_load(
                     fake.as_ref(),
                     "m",

@@ -15,6 +15,7 @@ use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
 use mlx_rs::transforms::eval;
 use tokio::sync::oneshot;
 
+use super::batch::{Batch, BatchStats};
 use super::ladder::RungWork;
 use super::warmup::{prompt_of_length, WarmupWork};
 use crate::decode::common::token_array;
@@ -38,9 +39,26 @@ pub struct Worker {
     adapters: HashMap<PathBuf, (Option<SystemTime>, Lora)>,
     /// KV states of earlier user turns, for the next ones to start from.
     pub prefix: PrefixCache,
+    /// The user turns generating together (continuous batching, `runtime::batch`).
+    pub(crate) batch: Batch,
+    /// This thread's own way in, for a job that comes back behind the others (a batch tick).
+    own: Weak<Sender>,
 }
 
 impl Worker {
+    /// Jobs waiting behind the one running.
+    pub(crate) fn mlx_pending(&self) -> usize {
+        self.own.upgrade().map_or(0, |s| s.pending.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    /// Queue `task` behind the jobs waiting now.
+    pub(crate) fn resubmit(&self, task: Task) -> Result<()> {
+        match self.own.upgrade() {
+            Some(sender) => send(&sender, task),
+            None => Err(EngineError::Internal("the engine is gone".into())),
+        }
+    }
+
     pub fn model(&self, id: &str) -> Result<&LoadedModel> {
         model_of(&self.models, id)
     }
@@ -109,8 +127,16 @@ pub struct MlxThread {
 }
 
 impl MlxThread {
-    pub fn start(prefix: PrefixCacheConfig, stats: Arc<PrefixStats>) -> Result<MlxThread> {
+    /// `batch`: what the batch reports (`runtime::batch`) and the tokens one of its steps
+    /// feeds at most while a sequence decodes.
+    pub fn start(
+        prefix: PrefixCacheConfig,
+        stats: Arc<PrefixStats>,
+        batch: (Arc<BatchStats>, usize),
+    ) -> Result<MlxThread> {
         let (tx, rx) = mpsc::channel::<Task>();
+        let sender = Arc::new(Sender { tx: Mutex::new(tx), pending: Arc::default() });
+        let own = Arc::downgrade(&sender);
         let thread = std::thread::Builder::new()
             .name("perch-mlx".into())
             .spawn(move || {
@@ -120,6 +146,8 @@ impl MlxThread {
                     job_state: None,
                     adapters: HashMap::new(),
                     prefix: PrefixCache::new(&prefix, stats),
+                    batch: Batch::new(batch.1, batch.0),
+                    own,
                 };
                 while let Ok(task) = rx.recv() {
                     // A panicking task fails its own request (its reply channel drops), not
@@ -136,8 +164,7 @@ impl MlxThread {
                 release_freed_memory();
             })
             .map_err(|e| EngineError::Internal(format!("cannot start the MLX thread: {e}")))?;
-        let sender = Sender { tx: Mutex::new(tx), pending: Arc::default() };
-        Ok(MlxThread { sender: Arc::new(sender), thread: Mutex::new(Some(thread)) })
+        Ok(MlxThread { sender, thread: Mutex::new(Some(thread)) })
     }
 
     /// Run `f` on the MLX thread and wait for its result (blocking: not from async code).
