@@ -73,8 +73,13 @@ pub struct Settings {
     pub warmup_deadline_s: f64,
     /// Warm the MTP head right after a model loads (docs/runtime.md §4).
     pub load_warmup: bool,
-    /// Speculative decoding: `auto`, `none`, `lookup`, `mtp`, `mtp:N`.
+    /// Speculative decoding: `auto`, `none`, `lookup`, `mtp`, `mtp:N` (used at `max_batch` 1).
     pub draft: String,
+    /// Requests generating at once, in one batch (1: one at a time, with drafts).
+    pub max_batch: usize,
+    /// Most tokens one batch step feeds while a request is streaming: a long prompt joins
+    /// this many tokens a step, so running streams never wait longer than one such step.
+    pub step_tokens: usize,
     /// Seconds an unused model stays loaded (0: unload after each request, -1: never).
     pub keep_alive_s: i64,
     /// Also write prompts and completions to the request log.
@@ -116,6 +121,8 @@ impl Default for Settings {
             warmup_deadline_s: 30.0,
             load_warmup: true,
             draft: "auto".into(),
+            max_batch: crate::runtime::engine::DEFAULT_MAX_BATCH,
+            step_tokens: crate::runtime::batch::STEP_TOKENS,
             keep_alive_s: 1800,
             log_text: false,
             launch_at_login: false,
@@ -129,6 +136,10 @@ impl Default for Settings {
         }
     }
 }
+
+/// The most requests one batch may hold: each holds its own caches, and past this a step's
+/// per-sequence attention costs more than the shared weight reads save.
+pub const MAX_BATCH: usize = 64;
 
 fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { field, message: message.into() }
@@ -311,6 +322,18 @@ impl Settings {
                 format!("must be 16 to 8192 tokens, not {}", self.ladder_chunk),
             ));
         }
+        if !(1..=MAX_BATCH).contains(&self.max_batch) {
+            return Err(invalid(
+                "max_batch",
+                format!("must be 1 to {MAX_BATCH} requests, not {}", self.max_batch),
+            ));
+        }
+        if !(8..=8192).contains(&self.step_tokens) {
+            return Err(invalid(
+                "step_tokens",
+                format!("must be 8 to 8192 tokens, not {}", self.step_tokens),
+            ));
+        }
         if !(1..=1000).contains(&self.ladder_max_interruptions) {
             return Err(invalid(
                 "ladder_max_interruptions",
@@ -474,6 +497,8 @@ impl Settings {
             hf_cache: self.catalog().hf_cache,
             model: self.default_model.clone(),
             draft: self.draft.clone(),
+            max_batch: self.max_batch,
+            step_tokens: self.step_tokens,
             keep_alive: KeepAlive::from_secs(self.keep_alive_s),
             load_warmup: self.load_warmup,
             warmup_deadline: Duration::from_secs_f64(self.warmup_deadline_s),
@@ -565,6 +590,9 @@ mod tests {
         bad(&|t| t.context_length = 10, "context_length");
         bad(&|t| t.ladder_chunk = 0, "ladder_chunk");
         bad(&|t| t.ladder_max_interruptions = 0, "ladder_max_interruptions");
+        bad(&|t| t.max_batch = 0, "max_batch");
+        bad(&|t| t.max_batch = MAX_BATCH + 1, "max_batch");
+        bad(&|t| t.step_tokens = 1, "step_tokens");
         bad(&|t| t.warmup_deadline_s = -1.0, "warmup_deadline_s");
         let typo = Settings::parse("prot = 1234\n", &path).unwrap_err();
         assert!(typo.to_string().contains("prot"), "{typo}");

@@ -89,6 +89,13 @@ enum Command {
         /// Requests that may wait for their turn; more get 429.
         #[arg(long, default_value_t = 32)]
         max_queue: usize,
+        /// Requests generating at once, in one batch (1: one at a time, with drafts).
+        #[arg(long, alias = "max-batch", default_value_t = perch_engine::runtime::engine::DEFAULT_MAX_BATCH)]
+        parallel: usize,
+        /// Most tokens a batch step feeds while a request streams (a long prompt joins this
+        /// many a step).
+        #[arg(long, default_value_t = perch_engine::runtime::batch::STEP_TOKENS)]
+        step_tokens: usize,
         /// Largest request body in bytes.
         #[arg(long, default_value_t = 4 << 20)]
         max_body: usize,
@@ -355,6 +362,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             allow_host,
             draft,
             max_queue,
+            parallel,
+            step_tokens,
             max_body,
             max_tokens_cap,
             log_dir,
@@ -380,9 +389,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 model: spec,
                 draft,
                 max_queue,
+                max_batch: parallel,
+                step_tokens,
                 max_tokens_cap,
                 ..Default::default()
             };
+            anyhow::ensure!(
+                (1..=perch_engine::config::MAX_BATCH).contains(&parallel),
+                "--parallel must be 1 to {} requests, not {parallel}",
+                perch_engine::config::MAX_BATCH
+            );
+            anyhow::ensure!(
+                (8..=8192).contains(&step_tokens),
+                "--step-tokens must be 8 to 8192 tokens, not {step_tokens}"
+            );
             config.keep_alive = perch_engine::runtime::KeepAlive::from_secs(keep_alive);
             config.load_warmup = !no_load_warmup;
             config.ladder =

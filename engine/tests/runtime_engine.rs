@@ -159,7 +159,13 @@ async fn load_time_mtp_warmup_warms_or_leaves_it_to_the_first_request() {
     let _serial = SERIAL.lock().await;
     use perch_engine::runtime::warmup::WarmupOutcome;
     let cfg =
-        |ladder| EngineConfig { model: MTP_FIXTURE.into(), draft: "mtp".into(), ..config(ladder) };
+        // One at a time: MTP drafts are a solo engine's (a batch decodes without them).
+        |ladder| EngineConfig {
+            model: MTP_FIXTURE.into(),
+            draft: "mtp".into(),
+            max_batch: 1,
+            ..config(ladder)
+        };
     let wait_for = |engine: Arc<Engine>| async move {
         let t = Instant::now();
         loop {
@@ -535,4 +541,48 @@ async fn an_eviction_waiting_for_leases_does_not_hold_other_unloads() {
     drop(within("the load never ended", loader).await.unwrap().unwrap());
     assert_eq!(engine.resident_ids(), [MTP_FIXTURE]);
     assert!(engine.leases.drain(None, Duration::from_secs(10)).await, "a lease leaked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_generate_together_each_as_it_would_alone() {
+    let _serial = SERIAL.lock().await;
+    let cfg = EngineConfig { max_batch: 2, ..config(LadderConfig::profile("off").unwrap()) };
+    let engine = Arc::new(Engine::start(cfg).unwrap());
+    let g = golden("qwen3");
+    let turn = |prompt: Vec<u32>, n: usize| Turn {
+        max_tokens: Some(n),
+        ignore_eos: true,
+        ..Turn::new("qwen3".parse().unwrap(), Prompt::Tokens(prompt))
+    };
+    // A long turn is streaming ...
+    let mut long = Arrival::now(&engine).start(turn(g.prompt_ids.clone(), 1900)).await.unwrap();
+    within("the long turn's first text", long.next()).await.unwrap();
+    assert!(engine.gate.try_acquire().is_none(), "background work took a slot beside a user");
+    // ... and a short one runs beside it and ends first: it did not wait for the long one.
+    let short =
+        within("the short turn", Arrival::now(&engine).run(turn(g.prompt_ids[3..].to_vec(), 8)))
+            .await
+            .unwrap();
+    let slots = engine.batch.slots();
+    assert_eq!(slots.len(), 1, "the long turn is still in the batch: {slots:?}");
+    assert_eq!(slots[0].state, "decode");
+    assert_eq!(short.generation.batch.map(|b| b.max), Some(2), "the short turn ran alone");
+    assert_eq!(engine.leases.count("qwen3"), 1);
+    // Leaving frees the slot at the next step, and the lease with it.
+    drop(long);
+    until("the long turn's slot is freed", || engine.batch.slots().is_empty()).await;
+    until("its lease is given back", || engine.leases.count("qwen3") == 0).await;
+    assert!(engine.gate.try_acquire().is_some(), "the gate stayed taken");
+    // What each decoded is what it decodes alone.
+    let model = load_fixture("qwen3");
+    let alone = |p: &[u32], n: usize| {
+        let params =
+            perch_engine::GenerateParams { max_tokens: n, ignore_eos: true, ..Default::default() };
+        perch_engine::generate(&model, p, &params, None, |_| {}).unwrap().tokens
+    };
+    assert_eq!(short.generation.tokens, alone(&g.prompt_ids[3..], 8));
+    let again = within("a turn after", Arrival::now(&engine).run(turn(g.prompt_ids.clone(), 12)))
+        .await
+        .unwrap();
+    assert_eq!(again.generation.tokens, alone(&g.prompt_ids, 12));
 }

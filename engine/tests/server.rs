@@ -497,8 +497,12 @@ async fn logprobs_and_json_mode() {
 async fn a_constrained_turn_says_its_drafts_are_off() {
     // Prompt lookup on: a plain turn drafts; a constrained one decodes token by token, and
     // the response header says so.
-    let engine =
-        EngineConfig { draft: "lookup".into(), ..engine_config(&fixtures_models(), "qwen3") };
+    // (A solo engine: a batch uses no drafts, and says so the same way, tested below.)
+    let engine = EngineConfig {
+        draft: "lookup".into(),
+        max_batch: 1,
+        ..engine_config(&fixtures_models(), "qwen3")
+    };
     let s = serve(engine, ServeConfig::default()).await;
     let send =
         |body: Value| client().post(format!("{}/v1/chat/completions", s.url())).json(&body).send();

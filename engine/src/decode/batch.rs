@@ -14,8 +14,8 @@ use mlx_rs::transforms::eval;
 use mlx_rs::Array;
 
 use super::common::{
-    begin, cancelled_early, host_u32, Begin, DraftMode, Ended, GenerateParams, Marks, Request,
-    TokenLogprob,
+    begin, cancelled_early, host_u32, BatchShare, Begin, DraftMode, Ended, GenerateParams, Marks,
+    Request, TokenLogprob,
 };
 use super::guided::Guide;
 use super::output::OutputCore;
@@ -49,6 +49,10 @@ pub struct Sequence {
     on_piece: OnPiece,
     /// Why it stopped early with an error of its own (its grammar failed); the others go on.
     failed: Option<EngineError>,
+    /// Its decoding steps, the sequences sampling in them summed, and the most at once.
+    steps: usize,
+    beside: usize,
+    most: usize,
 }
 
 /// What one step did, for the scheduler's metrics.
@@ -94,6 +98,9 @@ impl Sequence {
             cancel,
             on_piece,
             failed: None,
+            steps: 0,
+            beside: 0,
+            most: 0,
         })
     }
 
@@ -125,10 +132,12 @@ impl Sequence {
             // Cancelled before its first token: what was prefilled stays usable.
             _ => Ok(cancelled_early(self.prompt.len(), self.start)),
         };
-        let generation = match generation {
+        let mut generation = match generation {
             Ok(g) => g,
             Err(e) => return (Err(e), None, vec![]),
         };
+        generation.batch = (self.steps > 0)
+            .then(|| BatchShare { mean: self.beside as f64 / self.steps as f64, max: self.most });
         let marks = std::mem::take(&mut self.marks.states);
         let ended = Ended::new(generation, self.caches, None, self.reused);
         let (g, state) = ended.into_state(&self.prompt);
@@ -224,6 +233,12 @@ pub fn step(model: &LoadedModel, seqs: &mut [&mut Sequence], budget: usize) -> R
     eval(pending)?;
     for (i, y) in &lazy {
         chosen.push((*i, host_u32(y)?, None));
+    }
+    for &i in &decoding {
+        let s = &mut *seqs[i];
+        s.steps += 1;
+        s.beside += decoding.len();
+        s.most = s.most.max(decoding.len());
     }
     for (i, id, lp) in chosen {
         let s = &mut *seqs[i];

@@ -90,6 +90,16 @@ pub struct Generation {
     pub cached_tokens: usize,
     /// The stop string that ended the answer, when one did.
     pub stop_sequence: Option<String>,
+    /// How many sequences stepped beside this one (continuous batching; `None` solo).
+    pub batch: Option<BatchShare>,
+}
+
+/// The batch a generation ran in: the sequences sampling per step, itself included, on
+/// average over its steps and at most.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct BatchShare {
+    pub mean: f64,
+    pub max: usize,
 }
 
 /// A generated token's log-probability under the model (log-softmax of its logits, before
@@ -490,6 +500,7 @@ pub(crate) fn cancelled_early(prompt_tokens: usize, start: Instant) -> Generatio
         finished_at: Instant::now(),
         cached_tokens: 0,
         stop_sequence: None,
+        batch: None,
     }
 }
 

@@ -15,8 +15,8 @@ pub mod speculative;
 pub mod stop;
 
 pub use common::{
-    context_room, AdapterRef, DraftMode, DraftStats, FinishReason, GenerateParams, Generation,
-    TokenLogprob, TopLogprob,
+    context_room, AdapterRef, BatchShare, DraftMode, DraftStats, FinishReason, GenerateParams,
+    Generation, TokenLogprob, TopLogprob,
 };
 pub use generate::{generate, generate_from, generate_marked, generate_streaming};
 pub use stop::StopMatcher;

@@ -187,6 +187,7 @@ impl OutputCore {
             finished_at: Instant::now(),
             cached_tokens: 0,
             stop_sequence: self.stops.matched().map(String::from),
+            batch: None,
         })
     }
 }

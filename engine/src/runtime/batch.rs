@@ -62,8 +62,14 @@ pub struct BatchStats {
     /// Sequences that sampled a token in the last step.
     pub last_batch: AtomicU64,
     pub prefill_tokens: AtomicU64,
+    /// Steps by how many sequences sampled in them (index: the batch size, the last entry
+    /// counting every larger one).
+    by_size: [AtomicU64; SIZES],
     slots: Mutex<Vec<SlotView>>,
 }
+
+/// Batch sizes counted apart in `BatchStats::by_size` (0 to 16, then 17 and above).
+const SIZES: usize = 18;
 
 /// One sequence of the batch as /health lists it.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -79,6 +85,19 @@ pub struct SlotView {
 impl BatchStats {
     pub fn slots(&self) -> Vec<SlotView> {
         self.slots.locked().clone()
+    }
+
+    /// Steps run at each batch size: (size, steps), the last size meaning "this or more".
+    pub fn steps_by_size(&self) -> Vec<(usize, u64)> {
+        self.by_size.iter().enumerate().map(|(n, c)| (n, c.load(Ordering::Relaxed))).collect()
+    }
+
+    fn count_step(&self, rows: StepRows) {
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        self.step_sequences.fetch_add(rows.decoded as u64, Ordering::Relaxed);
+        self.last_batch.store(rows.decoded as u64, Ordering::Relaxed);
+        self.prefill_tokens.fetch_add(rows.prefilled as u64, Ordering::Relaxed);
+        self.by_size[rows.decoded.min(SIZES - 1)].fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -216,11 +235,7 @@ fn step_all(w: &mut Worker) {
             }
         }
     }
-    let stats = &w.batch.stats;
-    stats.steps.fetch_add(1, Ordering::Relaxed);
-    stats.step_sequences.fetch_add(rows.decoded as u64, Ordering::Relaxed);
-    stats.last_batch.store(rows.decoded as u64, Ordering::Relaxed);
-    stats.prefill_tokens.fetch_add(rows.prefilled as u64, Ordering::Relaxed);
+    w.batch.stats.count_step(rows);
     let mut kept = Vec::with_capacity(slots.len());
     for (i, slot) in slots.into_iter().enumerate() {
         if let Some(pos) = failed.iter().position(|(f, _)| *f == i) {

@@ -116,6 +116,7 @@ impl Ticket {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures_util::FutureExt;
     use std::time::Duration;
 
     #[tokio::test]
@@ -168,5 +169,42 @@ mod tests {
         assert_eq!(gate.snapshot().waiting, 0);
         drop(held);
         assert!(gate.try_acquire().is_some());
+    }
+
+    #[tokio::test]
+    async fn slots_admit_that_many_at_once_in_order_and_probes_need_them_all() {
+        let gate = Arc::new(Gate::new(4, 2));
+        let a = gate.enter().unwrap().wait().await;
+        assert!(gate.try_acquire().is_none(), "a probe ran beside a user (1 of 2 slots taken)");
+        let b = gate.enter().unwrap().wait().await;
+        assert_eq!((gate.snapshot().running, gate.snapshot().slots), (2, 2));
+        // A third waits for a slot; the fourth behind it, in order.
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for i in 0..2 {
+            let (g, o) = (gate.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let _p = g.enter().unwrap().wait().await;
+                o.lock().unwrap().push(i);
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(gate.snapshot().waiting, 2);
+        drop(a);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert_eq!(*order.lock().unwrap(), vec![0], "one slot freed, one waiter in");
+        drop(b);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), vec![0, 1]);
+        // Background work holds every slot: a user waits for it.
+        let all = gate.try_acquire().expect("an idle gate");
+        assert_eq!(gate.snapshot().running, 2);
+        let user = tokio::time::timeout(Duration::from_millis(20), gate.enter().unwrap().wait());
+        assert!(user.await.is_err(), "a user ran beside background work");
+        drop(all);
+        assert!(gate.enter().unwrap().wait().now_or_never().is_some());
     }
 }

@@ -186,6 +186,7 @@ fn ended(app: &App, route: &Route, id: String, stream: bool, r: &TurnRecord<'_>)
             rec.decode_tok_s = decode;
             rec.finish_reason = Some(finish_name(g.finish_reason).into());
             rec.draft = g.draft.clone();
+            rec.batch = g.batch;
             rec.drafts_off = r.drafts_off.map(String::from);
             if let Some(why) = r.drafts_off {
                 tracing::info!(request = %rec.id, "{why}");

@@ -3,6 +3,7 @@
 use std::sync::Mutex;
 
 use crate::prefix_cache::PrefixSnapshot;
+use crate::runtime::batch::BatchStats;
 use crate::sync::LockExt;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -25,6 +26,9 @@ pub struct Metrics {
     prefix_tokens: Family<Labels, Counter>,
     prefix_bytes: Family<Labels, Gauge>,
     prefix_entries: Family<Labels, Gauge>,
+    batch_steps: Family<Labels, Counter>,
+    batch_size: Gauge,
+    batch_slots: Gauge,
 }
 
 impl Metrics {
@@ -86,7 +90,28 @@ impl Metrics {
             "States the prefix cache holds, by tier (ram, disk)",
             prefix_entries.clone(),
         );
+        let batch_steps = Family::<Labels, Counter>::default();
+        let (batch_size, batch_slots) = (Gauge::default(), Gauge::default());
+        registry.register(
+            "batch_steps",
+            "Forward passes of the batch, by how many requests sampled a token in each \
+             (sequences=\"17+\" counts every larger batch)",
+            batch_steps.clone(),
+        );
+        registry.register(
+            "batch_size",
+            "Requests that sampled a token in the batch's last forward pass",
+            batch_size.clone(),
+        );
+        registry.register(
+            "batch_slots",
+            "Requests in the batch now, decoding or prefilling",
+            batch_slots.clone(),
+        );
         Metrics {
+            batch_steps,
+            batch_size,
+            batch_slots,
             registry: Mutex::new(registry),
             requests,
             tokens,
@@ -140,7 +165,23 @@ impl Metrics {
         }
     }
 
-    pub fn render(&self, queue_depth: usize, active: usize, prefix: &PrefixSnapshot) -> String {
+    pub fn render(
+        &self,
+        queue_depth: usize,
+        active: usize,
+        prefix: &PrefixSnapshot,
+        batch: &BatchStats,
+    ) -> String {
+        let sizes = batch.steps_by_size();
+        let last = sizes.len() - 1;
+        for (n, steps) in sizes {
+            let label = if n == last { format!("{n}+") } else { n.to_string() };
+            let counter = self.batch_steps.get_or_create(&vec![("sequences".into(), label)]);
+            // The batch counts on its own thread; this counter only catches up with it.
+            counter.inc_by(steps.saturating_sub(counter.get()));
+        }
+        self.batch_size.set(batch.last_batch.load(std::sync::atomic::Ordering::Relaxed) as i64);
+        self.batch_slots.set(batch.slots().len() as i64);
         self.queue_depth.set(queue_depth as i64);
         self.active.set(active as i64);
         for (tier, bytes, entries) in [

@@ -10,7 +10,7 @@ use file_rotate::suffix::AppendCount;
 use file_rotate::{ContentLimit, FileRotate};
 use serde::Serialize;
 
-use crate::decode::DraftStats;
+use crate::decode::{BatchShare, DraftStats};
 use crate::sync::LockExt;
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -33,6 +33,9 @@ pub struct RequestRecord {
     /// Why the model's drafts were not used for this request (a constrained answer, …).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drafts_off: Option<String>,
+    /// The batch it ran in: sequences per step, on average and at most (none: alone).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch: Option<BatchShare>,
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt: Option<String>,

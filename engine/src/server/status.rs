@@ -28,6 +28,8 @@ pub async fn health(State(app): State<Arc<App>>) -> Response {
         "seconds_since_last_arrival": fg.seconds_since_last_arrival,
         "requests_completed": fg.requests_completed,
         "gate": e.gate.snapshot(),
+        "max_batch": e.config.max_batch,
+        "slots": e.batch.slots(),
         "model": resident.last(),
         "models": resident,
         "loading": e.loading(),
@@ -50,8 +52,12 @@ pub async fn health(State(app): State<Arc<App>>) -> Response {
 pub async fn metrics(State(app): State<Arc<App>>) -> Response {
     let gate = app.engine.gate.snapshot();
     let fg = app.engine.foreground.snapshot();
-    let body =
-        app.metrics.render(gate.waiting, fg.foreground_active, &app.engine.prefix.snapshot());
+    let body = app.metrics.render(
+        gate.waiting,
+        fg.foreground_active,
+        &app.engine.prefix.snapshot(),
+        &app.engine.batch,
+    );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }
 

@@ -58,7 +58,15 @@ impl Supervisor {
                 let memory = crate::platform::active_memory_bytes()
                     .map(|b| format!(" · {}", human_bytes(b)))
                     .unwrap_or_default();
-                format!("{model}{rate}{memory}")
+                let running = app
+                    .as_ref()
+                    .map(|a| {
+                        // User requests only: background work holding the gate is not one.
+                        let fg = a.engine.foreground.snapshot();
+                        running_label(fg.foreground_active, a.engine.config.max_batch)
+                    })
+                    .unwrap_or_default();
+                format!("{model}{running}{rate}{memory}")
             }
             _ => status.message.clone(),
         };
@@ -66,6 +74,14 @@ impl Supervisor {
             line = format!("Settings problem: {}", problem.message);
         }
         TrayMenu { status_line: line, models, api_url: format!("{}/v1", status.url) }
+    }
+}
+
+/// How many requests are generating now, out of the batch's slots (nothing when idle).
+fn running_label(running: usize, slots: usize) -> String {
+    match running {
+        0 => String::new(),
+        n => format!(" · {n} of {slots} running"),
     }
 }
 
