@@ -187,9 +187,12 @@ async fn errors_come_back_in_anthropics_shape() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_full_queue_is_overloaded_error_529() {
     use futures_util::StreamExt;
-    let s = start(ServeConfig::default()).await;
+    // One generating (streamed, held open; a batch of one), one queued (max_queue 1): a third
+    // is refused.
+    let engine =
+        EngineConfig { max_queue: 1, max_batch: 1, ..engine_config(&fixtures_models(), "qwen3") };
+    let s = serve(engine, ServeConfig::default()).await;
     let url = s.url();
-    // One generating (streamed, held open), one queued (max_queue 1): a third is refused.
     let long = ask(json!({"max_tokens": 1500}));
     let mut streamed = long.clone();
     streamed["stream"] = json!(true);

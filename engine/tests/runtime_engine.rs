@@ -451,7 +451,9 @@ async fn the_observer_hears_each_turn_s_tokens_prefill_end_and_mode() {
     use perch_engine::decode::DraftMode;
     use perch_engine::runtime::{DecodeMode, DraftChoice};
     let _serial = SERIAL.lock().await;
-    let engine = Arc::new(Engine::start(config(LadderConfig::profile("off").unwrap())).unwrap());
+    // One at a time, so a turn may draft (lookup); the batch's turns are plain or guided.
+    let cfg = EngineConfig { max_batch: 1, ..config(LadderConfig::profile("off").unwrap()) };
+    let engine = Arc::new(Engine::start(cfg).unwrap());
     let recorder = Recorder::default();
     engine.set_observer(Arc::new(recorder.clone()));
     let prompt = golden("qwen3").prompt_ids;
@@ -585,4 +587,40 @@ async fn turns_generate_together_each_as_it_would_alone() {
         .await
         .unwrap();
     assert_eq!(again.generation.tokens, alone(&g.prompt_ids, 12));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_that_fails_leaves_the_batch_going() {
+    let _serial = SERIAL.lock().await;
+    // An adapter whose file is corrupt (a download cut short): the turn that names it fails
+    // when its group steps; a base-model turn in the same batch goes on to its end.
+    let (tmp, _) = copy_fixture("qwen3", "qwen3");
+    let adapter = perch_engine::model::lora::adapter_dir(tmp.path(), "qwen3", "broken");
+    std::fs::create_dir_all(&adapter).unwrap();
+    std::fs::write(adapter.join("adapters.safetensors"), b"not a safetensors file").unwrap();
+    let cfg = EngineConfig {
+        max_batch: 2,
+        ..EngineConfig {
+            ladder: LadderConfig::profile("off").unwrap(),
+            ..engine_config(tmp.path(), "qwen3")
+        }
+    };
+    let engine = Arc::new(Engine::start(cfg).unwrap());
+    let g = golden("qwen3");
+    let turn = |model: &str, n: usize| Turn {
+        max_tokens: Some(n),
+        ignore_eos: true,
+        ..Turn::new(model.parse().unwrap(), Prompt::Tokens(g.prompt_ids.clone()))
+    };
+    let mut base = Arrival::now(&engine).start(turn("qwen3", 200)).await.unwrap();
+    within("the base turn's first text", base.next()).await.unwrap();
+    let broken =
+        within("the broken turn", Arrival::now(&engine).run(turn("qwen3+broken", 8))).await;
+    assert!(broken.is_err(), "a corrupt adapter generated");
+    let end = within("the base turn's end", base.finish()).await;
+    let end = end.unwrap_or_else(|e| panic!("the base turn was taken down with it: {e}"));
+    assert_eq!(end.generation.tokens.len(), 200, "the base turn was taken down with it");
+    assert_eq!(end.generation.tokens[..g.greedy_tokens.len()], g.greedy_tokens[..]);
+    until("every lease given back", || engine.leases.total() == 0).await;
+    assert!(engine.batch.slots().is_empty());
 }

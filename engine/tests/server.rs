@@ -210,17 +210,24 @@ fn long_completion(stream: bool) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_answers_429_and_a_gone_client_frees_the_gate() {
-    let s = start_with(ServeConfig::default(), 1).await;
+    // A batch of two: two generating (streaming, so we can hang up), one queued, the fourth
+    // turned away.
+    let engine =
+        EngineConfig { max_queue: 1, max_batch: 2, ..engine_config(&fixtures_models(), "qwen3") };
+    let s = serve(engine, ServeConfig::default()).await;
     let url = s.url();
-    // One generating (streaming, so we can hang up), one queued, the third turned away.
-    let running = client()
-        .post(format!("{url}/v1/completions"))
-        .json(&long_completion(true))
-        .send()
-        .await
-        .unwrap();
-    let mut stream = running.bytes_stream();
-    stream.next().await.unwrap().unwrap();
+    let mut streams = vec![];
+    for _ in 0..2 {
+        let running = client()
+            .post(format!("{url}/v1/completions"))
+            .json(&long_completion(true))
+            .send()
+            .await
+            .unwrap();
+        let mut stream = running.bytes_stream();
+        stream.next().await.unwrap().unwrap();
+        streams.push(stream);
+    }
     let queued = tokio::spawn({
         let url = url.clone();
         async move {
@@ -239,9 +246,10 @@ async fn a_full_queue_answers_429_and_a_gone_client_frees_the_gate() {
         client().get(format!("{url}/health")).send().await.unwrap().json().await.unwrap();
     assert_eq!(
         (h["foreground_active"].as_u64(), h["foreground_queued"].as_u64()),
-        (Some(1), Some(1)),
+        (Some(2), Some(1)),
         "{h}"
     );
+    assert_eq!(h["slots"].as_array().map(Vec::len), Some(2), "{h}");
     let r = client()
         .post(format!("{url}/v1/completions"))
         .json(&long_completion(false))
@@ -251,15 +259,16 @@ async fn a_full_queue_answers_429_and_a_gone_client_frees_the_gate() {
     assert_eq!(r.status().as_u16(), 429);
     assert_eq!(r.headers()["retry-after"], "1");
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "rate_limit_error");
-    // Hang up on the running stream: its generation stops within a step, the queued one runs.
-    drop(stream);
+    // Hang up on a running stream: its generation stops within a step, the queued one runs.
+    drop(streams.pop());
     let took = health_reaches(
         &url,
         "foreground_queued",
         "the gate was not released after the client left",
     )
     .await;
-    println!("gate handed over {:.0} ms after the hang-up", took.as_secs_f64() * 1e3);
+    println!("slot handed over {:.0} ms after the hang-up", took.as_secs_f64() * 1e3);
+    drop(streams);
     assert_eq!(queued.await.unwrap(), 200);
     s.shutdown().await;
 }
@@ -382,6 +391,8 @@ async fn health_metrics_and_the_request_log() {
         "warmup_ladder",
         "memory",
         "uptime_s",
+        "max_batch",
+        "slots",
     ] {
         assert!(h.get(key).is_some(), "/health lacks {key}: {h}");
     }
@@ -410,6 +421,10 @@ async fn health_metrics_and_the_request_log() {
         "perch_time_to_first_token_seconds_count 1",
         "perch_errors_total{type=\"invalid_value\"} 1",
         "perch_queue_depth 0",
+        // One request alone in the batch: a step of one for each of its 12 tokens.
+        "perch_batch_steps_total{sequences=\"1\"} 12",
+        "perch_batch_steps_total{sequences=\"2\"} 0",
+        "perch_batch_slots 0",
     ] {
         assert!(m.contains(line), "/metrics lacks `{line}`:\n{m}");
     }
@@ -434,6 +449,7 @@ async fn health_metrics_and_the_request_log() {
     ] {
         assert!(ok.get(key).is_some(), "log line lacks {key}: {ok}");
     }
+    assert_eq!(ok["batch"], json!({"mean": 1.0, "max": 1}), "{ok}");
     assert!(!log.contains("SECRET-PROMPT"), "prompt text logged without being asked to");
     assert!(lines[1]["error"].as_str().unwrap().contains("temperature"));
     s.shutdown().await;
@@ -519,6 +535,20 @@ async fn a_constrained_turn_says_its_drafts_are_off() {
         let why = r.headers().get("x-perch-drafts").map(|v| v.to_str().unwrap().to_string());
         assert!(why.as_deref().is_some_and(|w| w.starts_with("drafts off: ")), "{extra}: {why:?}");
     }
+    // A batched engine (max_batch above 1) decodes every turn without drafts, and says so.
+    let batched =
+        EngineConfig { draft: "lookup".into(), ..engine_config(&fixtures_models(), "qwen3") };
+    let s3 = serve(batched, ServeConfig::default()).await;
+    let r = client()
+        .post(format!("{}/v1/chat/completions", s3.url()))
+        .json(&chat_body(json!({})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let why = r.headers().get("x-perch-drafts").map(|v| v.to_str().unwrap().to_string());
+    assert!(why.as_deref().is_some_and(|w| w.contains("batched")), "{why:?}");
+    s3.shutdown().await;
     // Drafts off for the model: nothing to report.
     let s2 = serve(engine_config(&fixtures_models(), "qwen3"), ServeConfig::default()).await;
     let r = client()
