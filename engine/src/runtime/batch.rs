@@ -22,7 +22,7 @@ use crate::sync::LockExt;
 /// Tokens one step feeds at most while some sequence is decoding: a prompt joining is
 /// prefilled this many tokens per step between the running streams' tokens, so no stream
 /// waits longer than one such step between two tokens (`perch bench --scenario concurrent`
-/// measures the gap). With nothing decoding a prompt goes in whole chunks.
+/// measures the gap). With nothing decoding, a step prefills one chunk (512 tokens).
 pub const STEP_TOKENS: usize = 64;
 
 /// A finished sequence, as the turn that joined it gets it back.
@@ -200,7 +200,11 @@ fn tick(w: &mut Worker) {
 fn step_all(w: &mut Worker) {
     let mut slots = std::mem::take(&mut w.batch.slots);
     let decoding = slots.iter().any(|s| !s.seq.prefilling() && !s.seq.ended());
-    let budget = if decoding { w.batch.step_tokens } else { usize::MAX };
+    // With nothing decoding, one prefill chunk's worth a step (not one chunk per prompt:
+    // eight joining prompts in one pass would hold every join and cancellation for its
+    // whole length).
+    let idle = GenerateParams::default().prefill_chunk;
+    let budget = if decoding { w.batch.step_tokens } else { idle.max(w.batch.step_tokens) };
     let mut groups: Vec<(String, Option<AdapterRef>)> = vec![];
     for s in &slots {
         let g = (s.model.clone(), s.adapter.clone());

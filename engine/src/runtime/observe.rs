@@ -67,6 +67,20 @@ pub struct TurnFinish {
     /// When the last token was produced (on the MLX thread).
     pub at: Instant,
     pub mode: DecodeMode,
+    /// Sequences sampling per step of its batch (rounded mean; 1 alone): a step of a batch
+    /// of four yields each of them a token more slowly than a step alone does.
+    pub batch: usize,
+}
+
+/// Decode modes, for the receipt's baseline index.
+const MODES: usize = 4;
+
+impl TurnFinish {
+    /// Its baseline among the receipt's: by decode mode and batch size (docs/training.md:
+    /// rates compare only within one mode and one batch size).
+    pub fn slot(&self) -> usize {
+        self.mode.slot() + MODES * (self.batch.clamp(1, crate::config::MAX_BATCH) - 1)
+    }
 }
 
 /// One turn's entry with an observer. Dropped unfinished: the turn failed.

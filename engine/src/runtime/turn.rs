@@ -424,6 +424,7 @@ fn generate(
             prefill: g.ttft,
             at: g.finished_at,
             mode: DecodeMode::of(guided, g.draft.as_ref().map(|d| d.mode.as_str())),
+            batch: g.batch.map_or(1, |b| b.mean.round() as usize),
         });
     }
     // A real MTP generation pays the cold costs a skipped load-time warmup left.

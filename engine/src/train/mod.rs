@@ -92,14 +92,13 @@ impl Training {
         &self,
         id: u64,
         start: f64,
-        (steps, prefill, mode): (usize, f64, DecodeMode),
+        (steps, prefill, slot): (usize, f64, usize),
         at: Option<Instant>,
     ) -> Option<TurnOutcome> {
         let end = at
             .map_or_else(|| self.now(), |t| t.saturating_duration_since(self.clock).as_secs_f64());
         let mut l = self.ledger();
         l.open.remove(&id);
-        let slot = mode.slot();
         let outcome =
             l.receipt.as_mut().map(|r| r.turn_finished(id, slot, (start, end), prefill, steps))?;
         match outcome {
@@ -231,7 +230,7 @@ impl Turn {
     /// turn starts after it, while the serving thread may only see the turn end a moment later.
     pub fn finish(mut self, f: TurnFinish) -> Option<TurnOutcome> {
         self.done = true;
-        let measured = (f.tokens_after_first, f.prefill.as_secs_f64(), f.mode);
+        let measured = (f.tokens_after_first, f.prefill.as_secs_f64(), f.slot());
         self.training.turn_end(self.id, self.start, measured, Some(f.at))
     }
 }
@@ -239,7 +238,7 @@ impl Turn {
 impl Drop for Turn {
     fn drop(&mut self) {
         if !self.done {
-            self.training.turn_end(self.id, self.start, (0, 0.0, DecodeMode::Plain), None);
+            self.training.turn_end(self.id, self.start, (0, 0.0, DecodeMode::Plain.slot()), None);
         }
     }
 }
@@ -268,7 +267,30 @@ mod tests {
 
     fn finish(steps: usize, secs: f64, mode: DecodeMode, t: &Training) -> TurnFinish {
         let at = t.clock + Duration::from_secs_f64(t.now() + secs);
-        TurnFinish { tokens_after_first: steps, prefill: Duration::ZERO, at, mode }
+        TurnFinish { tokens_after_first: steps, prefill: Duration::ZERO, at, mode, batch: 1 }
+    }
+
+    #[test]
+    fn baselines_are_kept_per_batch_size() {
+        let t = Training::new();
+        t.begin_receipt(Pacing::default());
+        // Alone, a clean plain turn: 100 tok/s.
+        let alone = t.turn_begin();
+        assert!(matches!(
+            alone.finish(finish(100, 1.0, DecodeMode::Plain, &t)),
+            Some(TurnOutcome::Clean { .. })
+        ));
+        // In a batch of four, 50 tok/s each while a window runs: no baseline at that size
+        // yet, so unmeasured, not a 50% slowdown the window never caused.
+        let batched = t.turn_begin();
+        t.window_started();
+        std::thread::sleep(Duration::from_millis(2));
+        t.window_ended();
+        let f = TurnFinish { batch: 4, ..finish(50, 1.0, DecodeMode::Plain, &t) };
+        assert!(
+            matches!(batched.finish(f), Some(TurnOutcome::Unmeasured { .. })),
+            "a batched turn was measured against a solo baseline"
+        );
     }
 
     #[test]

@@ -148,3 +148,31 @@ fn many_vector_speed() {
         }
     }
 }
+
+#[test]
+fn a_vector_s_product_is_the_same_whatever_the_vectors_beside_it() {
+    // A batch's decode step multiplies several sequences' vectors at once: each one's result
+    // must be exactly what it gets alone, so batching changes no sequence's tokens.
+    for (block, levels, affine) in [(32, 16, true), (16, 64, false)] {
+        let (rows, cols) = (70, 256);
+        let w = Array::from_slice(
+            &quantized(rows, cols, block, levels, affine),
+            &[rows as i32, cols as i32],
+        );
+        let host = HostMatrix::new(&w).unwrap().expect("an exact 8-bit copy");
+        for l in [2usize, 3, 4, 5, 7] {
+            let x: Vec<f32> =
+                (0..l * cols).map(|i| ((i * 7919) % 211) as f32 / 97.0 - 1.0).collect();
+            let together = host.product(&x);
+            for (j, v) in x.chunks_exact(cols).enumerate() {
+                let alone = host.product(v);
+                assert_eq!(
+                    &together[j * rows..(j + 1) * rows],
+                    &alone[..],
+                    "vector {j} of {l}, block {block}"
+                );
+            }
+        }
+        check(&quantized(rows, cols, block, levels, affine), rows, cols, 4, block);
+    }
+}
