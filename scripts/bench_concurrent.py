@@ -125,6 +125,7 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--engine", required=True)
     ap.add_argument("--clients", default="1,2,4,8")
+    ap.add_argument("--long-clients", default=None, help="for the long prompts (default: --clients)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--short-words", type=int, default=24)
     ap.add_argument("--long-words", type=int, default=1500, help="about 2k tokens")
@@ -132,8 +133,8 @@ def main():
     a = ap.parse_args()
     # Warm the engine (first-use costs are not what this measures).
     run(a.url, a.model, 1, a.short_words, 8)
-    for words in (a.short_words, a.long_words):
-        for n in map(int, a.clients.split(",")):
+    for words, clients in ((a.short_words, a.clients), (a.long_words, a.long_clients or a.clients)):
+        for n in map(int, clients.split(",")):
             r = run(a.url, a.model, n, words, a.max_tokens)
             print(json.dumps({"engine": a.engine, **r}), flush=True)
     # A long prompt joining four running streams.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::catalog::Catalog;
+use crate::runtime::batch::MAX_BATCH;
 use crate::runtime::{EngineConfig, KeepAlive, LadderConfig, ModelAliases};
 
 #[derive(Debug, thiserror::Error)]
@@ -136,10 +137,6 @@ impl Default for Settings {
         }
     }
 }
-
-/// The most requests one batch may hold: each holds its own caches, and past this a step's
-/// per-sequence attention costs more than the shared weight reads save.
-pub const MAX_BATCH: usize = 64;
 
 fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { field, message: message.into() }

@@ -395,9 +395,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 ..Default::default()
             };
             anyhow::ensure!(
-                (1..=perch_engine::config::MAX_BATCH).contains(&parallel),
+                (1..=perch_engine::runtime::batch::MAX_BATCH).contains(&parallel),
                 "--parallel must be 1 to {} requests, not {parallel}",
-                perch_engine::config::MAX_BATCH
+                perch_engine::runtime::batch::MAX_BATCH
             );
             anyhow::ensure!(
                 (8..=8192).contains(&step_tokens),

@@ -2,7 +2,7 @@
 //! the engine (foreground accounting), who may generate now (the generation gate), what pins
 //! a model (leases), and the background work that warms it (load-time MTP warmup, the
 //! warmup ladder), and the one way a user's turn goes through them (`turn`) to the MLX
-//! thread (`worker`), where the turns generating together form one batch (`batch`).
+//! thread (`worker`), where the turns generating together form one batch (`batch`, stepped by `scheduler`).
 
 pub mod batch;
 pub mod engine;
@@ -16,6 +16,7 @@ pub mod model_ref;
 pub mod observe;
 mod prepare;
 mod prepare_pool;
+pub mod scheduler;
 mod split;
 pub mod turn;
 pub mod warmup;

@@ -79,7 +79,7 @@ impl TurnFinish {
     /// Its baseline among the receipt's: by decode mode and batch size (docs/training.md:
     /// rates compare only within one mode and one batch size).
     pub fn slot(&self) -> usize {
-        self.mode.slot() + MODES * (self.batch.clamp(1, crate::config::MAX_BATCH) - 1)
+        self.mode.slot() + MODES * (self.batch.clamp(1, super::batch::MAX_BATCH) - 1)
     }
 }
 

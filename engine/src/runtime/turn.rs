@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::batch::{self, Joining};
+use super::scheduler::{self, Joining};
 use super::engine::{Engine, ModelInfo};
 pub use super::event::{Answer, TurnEnd, TurnEvent, Usage};
 use super::model_ref::ModelRef;
@@ -476,7 +476,7 @@ fn batched(
     let (done, finished) = std::sync::mpsc::channel();
     let joining = Joining { model, prompt, params, cancel, on_piece };
     engine.mlx.run(move |w| {
-        batch::join(w, joining, done);
+        scheduler::join(w, joining, done);
         Ok(())
     })?;
     let f = finished.recv().map_err(|_| {
