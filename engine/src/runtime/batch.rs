@@ -133,4 +133,3 @@ impl Batch {
         *self.stats.slots.locked() = views;
     }
 }
-

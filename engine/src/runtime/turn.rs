@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::scheduler::{self, Joining};
 use super::engine::{Engine, ModelInfo};
 pub use super::event::{Answer, TurnEnd, TurnEvent, Usage};
 use super::model_ref::ModelRef;
@@ -17,6 +16,7 @@ use super::observe::{DecodeMode, LastTurn, TurnFinish};
 use super::prepare::{prepare, Asked, Prepared};
 pub use super::prepare::{Prompt, ResponseFormat};
 pub use super::prepare_pool::PREPARE_DEADLINE;
+use super::scheduler::{self, Joining};
 use super::split::Split;
 use super::{GateError, GatePermit, Lease, UserRequest};
 use crate::chat::{Tool, ToolChoice};
