@@ -38,14 +38,18 @@ def stream(url, model, prompt, max_tokens, out, started):
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    times = []
+    # Visible while it streams: the joining scenario waits for every stream's first token.
+    out.update(times=times)
     started.wait()
     t0 = time.perf_counter()
+    out.update(sent=t0)
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     r = conn.getresponse()
     if r.status != 200:
         out.update(error=f"HTTP {r.status}: {r.read()[:300]!r}")
         return
-    times, usage = [], None
+    usage = None
     for raw in r:
         line = raw.decode().strip()
         if not line.startswith("data:"):
@@ -59,7 +63,7 @@ def stream(url, model, prompt, max_tokens, out, started):
         choices = chunk.get("choices") or []
         if choices and choices[0].get("text"):
             times.append(time.perf_counter())
-    out.update(sent=t0, times=times, usage=usage)
+    out.update(usage=usage, done=True)
 
 
 def run(url, model, clients, words, max_tokens, joiner_words=0):
@@ -91,7 +95,7 @@ def run(url, model, clients, words, max_tokens, joiner_words=0):
     if errors:
         return {"error": errors[0]}
     ttfts = [o["times"][0] - o["sent"] for o in outs if o["times"]]
-    tokens = [max(len(o["times"]), (o["usage"] or {}).get("completion_tokens", 0)) for o in outs]
+    tokens = [max(len(o["times"]), (o.get("usage") or {}).get("completion_tokens", 0)) for o in outs]
     first = min(o["times"][0] for o in outs if o["times"])
     last = max(o["times"][-1] for o in outs if o["times"])
     gaps = [b - a for o in outs for a, b in zip(o["times"], o["times"][1:])]
