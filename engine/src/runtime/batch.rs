@@ -106,15 +106,6 @@ impl Batch {
         Batch { step_tokens: step_tokens.max(1), stats, ..Batch::default() }
     }
 
-    /// Sequences in the batch now.
-    pub fn len(&self) -> usize {
-        self.slots.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
-    }
-
     pub(super) fn publish(&self) {
         let views = self
             .slots

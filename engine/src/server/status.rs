@@ -30,6 +30,11 @@ pub async fn health(State(app): State<Arc<App>>) -> Response {
         "gate": e.gate.snapshot(),
         "max_batch": e.config.max_batch,
         "slots": e.batch.slots(),
+        "batch": {
+            "steps": e.batch.steps.load(std::sync::atomic::Ordering::Relaxed),
+            "sequences_per_step_total": e.batch.step_sequences.load(std::sync::atomic::Ordering::Relaxed),
+            "prefill_tokens": e.batch.prefill_tokens.load(std::sync::atomic::Ordering::Relaxed),
+        },
         "model": resident.last(),
         "models": resident,
         "loading": e.loading(),
