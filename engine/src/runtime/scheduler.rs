@@ -62,7 +62,9 @@ fn tick(w: &mut Worker) {
         // A panic in a step fails the sequences of that step, not the batch's later ones.
         if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step_all(w))).is_err() {
             tracing::error!("a batch step panicked; its sequences fail");
-            w.batch.slots.clear();
+            let lost = std::mem::take(&mut w.batch.slots);
+            w.batch.publish();
+            drop(lost);
         }
         w.batch.publish();
         if w.mlx_pending() > 0 && !w.batch.slots.is_empty() {
@@ -122,20 +124,30 @@ fn step_all(w: &mut Worker) {
     }
     w.batch.stats.count_step(rows);
     let mut kept = Vec::with_capacity(slots.len());
+    let mut ended = vec![];
     for (i, slot) in slots.into_iter().enumerate() {
         if let Some(pos) = failed.iter().position(|(f, _)| *f == i) {
             let (_, e) = failed.swap_remove(pos);
-            let _ = slot.done.send(Err(e));
+            ended.push((slot.done, Err(e)));
         } else if slot.seq.ended() {
             let Slot { key, seq, done, .. } = slot;
             let (g, state, marks) = seq.finish();
-            let _ = done.send(g.map(|generation| {
-                let to_disk = w.prefix.keep_turn(&key, state, marks, generation.cached_tokens);
-                Finished { generation, key, to_disk }
-            }));
+            ended.push((
+                done,
+                g.map(|generation| {
+                    let to_disk = w.prefix.keep_turn(&key, state, marks, generation.cached_tokens);
+                    Finished { generation, key, to_disk }
+                }),
+            ));
         } else {
             kept.push(slot);
         }
     }
+    // The slots are shown without the ended ones before their turns hear of the end: a
+    // client that sees its answer end never sees its slot still taken.
     w.batch.slots = kept;
+    w.batch.publish();
+    for (done, result) in ended {
+        let _ = done.send(result);
+    }
 }
