@@ -257,10 +257,12 @@ async function loadModelChoices() {
     const list = await api("/v1/models");
     const sel = $("#model");
     const keep = sel.value;
-    sel.replaceChildren(...list.data.map((m) => new Option(m.id + (m.loaded ? " (loaded)" : ""), m.id)));
+    // The chat picker offers the models that chat; embedding models are listed elsewhere.
+    const chat = list.data.filter((m) => m.kind !== "embedding");
+    sel.replaceChildren(...chat.map((m) => new Option(m.id + (m.loaded ? " (loaded)" : ""), m.id)));
     const c = conversations.find((c) => c.id === current);
     const def = lastStatus && lastStatus.default_model;
-    sel.value = (c && c.model) || keep || def || (list.data[0] && list.data[0].id) || "";
+    sel.value = (c && c.model) || keep || def || (chat[0] && chat[0].id) || "";
   } catch (e) {
     setTimeout(loadModelChoices, 1000);
   }

@@ -42,6 +42,8 @@ pub struct CatalogModel {
     pub path: PathBuf,
     pub source: Source,
     pub architecture: String,
+    /// `chat`, or `embedding` for a sentence encoder (`model::ModelKind`).
+    pub kind: &'static str,
     /// `mlx 4-bit`, `mlx bf16`, … from the config and weights.
     pub format: String,
     pub context_length: Option<u64>,
@@ -80,11 +82,14 @@ fn describe(id: String, dir: &Path, source: Source, cfg: &Value) -> CatalogModel
         Some(bits) => format!("mlx {bits}-bit"),
         None => format!("mlx {}", cfg.get("torch_dtype").and_then(Value::as_str).unwrap_or("f32")),
     };
+    let architecture = cfg.get("model_type").and_then(Value::as_str).unwrap_or("?").to_string();
+    let kind = if crate::model::encoder::is_encoder(&architecture) { "embedding" } else { "chat" };
     CatalogModel {
         id,
         path: dir.to_path_buf(),
         source,
-        architecture: cfg.get("model_type").and_then(Value::as_str).unwrap_or("?").to_string(),
+        kind,
+        architecture,
         format,
         context_length: cfg.get("max_position_embeddings").and_then(Value::as_u64),
         size_bytes: dir_size(dir),
@@ -98,7 +103,9 @@ fn loadable(dir: &Path, cfg: &Value) -> bool {
     let files: Vec<String> = std::fs::read_dir(dir)
         .map(|it| it.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
         .unwrap_or_default();
-    crate::model::SUPPORTED_ARCHITECTURES.split(", ").any(|a| a == arch)
+    let encoder =
+        crate::model::encoder::is_encoder(arch) && files.iter().any(|f| f == "modules.json");
+    (encoder || crate::model::SUPPORTED_ARCHITECTURES.split(", ").any(|a| a == arch))
         && files.iter().any(|f| f.ends_with(".safetensors"))
         && files.iter().any(|f| f == "tokenizer.json")
 }

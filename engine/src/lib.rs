@@ -12,6 +12,7 @@ pub mod decode;
 pub mod download;
 pub mod error;
 pub mod gguf;
+pub mod install;
 pub mod model;
 pub mod paths;
 pub mod platform;

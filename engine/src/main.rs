@@ -144,7 +144,8 @@ enum Command {
         #[arg(long, value_name = "PATTERN=MODEL")]
         model_alias: Vec<String>,
     },
-    /// Import a GGUF file as an installed model (MLX layout).
+    /// Import a GGUF file as an installed model (MLX layout), or install a model folder
+    /// (a sentence encoder in the sentence-transformers layout) as it is.
     Import {
         file: PathBuf,
         /// Model id (directory name); default: the file name.
@@ -332,7 +333,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 "f32" => StoreDtype::F32,
                 other => anyhow::bail!("--dtype must be bf16 or f32, not `{other}`"),
             };
-            let dir = import(&file, &dir, &ImportOptions { name, quantize, dtype, overwrite })?;
+            // A model folder (a sentence encoder, or a Hugging Face-layout model) is checked
+            // to load, then copied in as it is.
+            let dir = if file.is_dir() {
+                perch_engine::install::install_folder(&file, &dir, name.as_deref(), overwrite)?
+            } else {
+                import(&file, &dir, &ImportOptions { name, quantize, dtype, overwrite })?
+            };
             println!("{}", dir.display());
         }
         Command::Serve { config: Some(path), .. } => {
@@ -486,8 +493,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 for m in models {
                     println!(
-                        "{:<32} {:<8} {:>8.1} MB  ctx {:<7} {:<10} {}",
+                        "{:<32} {:<9} {:<12} {:>8.1} MB  ctx {:<7} {:<10} {}",
                         m.id,
+                        m.kind,
                         m.architecture,
                         m.size_bytes as f64 / 1e6,
                         m.context_length.map(|c| c.to_string()).unwrap_or_else(|| "?".into()),

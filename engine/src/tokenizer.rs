@@ -26,8 +26,13 @@ impl Tokenizer {
         if !file.exists() {
             return Err(EngineError::Tokenizer(format!("{} is missing", file.display())));
         }
-        let inner = tokenizers::Tokenizer::from_file(&file)
+        let mut inner = tokenizers::Tokenizer::from_file(&file)
             .map_err(|e| EngineError::Tokenizer(format!("{}: {e}", file.display())))?;
+        // A file may carry the truncation and padding it was exported with (sentence
+        // encoders: 128 tokens, padded to 128): a prompt cut or padded silently is a wrong
+        // answer, so Perch does its own truncating (and refuses where a protocol says so).
+        inner.with_truncation(None).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        inner.with_padding(None);
         let tc = read_json_if_exists(&dir.join("tokenizer_config.json"))?;
         let gen = read_json_if_exists(&dir.join("generation_config.json"))?;
         let token_text = |v: Option<&Value>| -> Option<String> {
@@ -77,6 +82,29 @@ impl Tokenizer {
             .encode(text, add_special_tokens)
             .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
+    }
+
+    /// `content` (ids without special tokens) wrapped in the special tokens the tokenizer's
+    /// post-processor adds to one sequence (BERT's `[CLS] … [SEP]`).
+    pub fn with_specials(&self, content: &[u32]) -> Result<Vec<u32>> {
+        let tokens = content
+            .iter()
+            .map(|&id| {
+                let value = self.inner.id_to_token(id).unwrap_or_default();
+                tokenizers::Token::new(id, value, (0, 0))
+            })
+            .collect();
+        let enc = tokenizers::Encoding::from_tokens(tokens, 0);
+        let enc = self
+            .inner
+            .post_process(enc, None, true)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// How many special tokens `with_specials` adds.
+    pub fn specials_added(&self) -> Result<usize> {
+        Ok(self.with_specials(&[])?.len())
     }
 
     pub fn decode(&self, ids: &[u32]) -> Result<String> {

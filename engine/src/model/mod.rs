@@ -2,6 +2,8 @@
 //!
 //! One file per architecture; `layers` holds the pieces they share.
 
+pub mod bert;
+pub mod encoder;
 pub mod gemma3_text;
 pub mod host_attention;
 pub mod host_matrix;
@@ -32,6 +34,24 @@ use linear::QuantSpec;
 use weights::Weights;
 
 pub const SUPPORTED_ARCHITECTURES: &str = "llama, qwen2, qwen3, gemma3_text";
+
+/// The two kinds of model Perch serves: decoders that chat (and complete), and sentence
+/// encoders that embed (`encoder`). A request of one kind to a model of the other is refused.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelKind {
+    Chat,
+    Embedding(encoder::EncoderSpec),
+}
+
+impl ModelKind {
+    /// What the model lists as, everywhere models are listed.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ModelKind::Chat => "chat",
+            ModelKind::Embedding(_) => "embedding",
+        }
+    }
+}
 
 /// A decoder-only language model.
 pub trait Architecture: Send {
@@ -312,6 +332,12 @@ fn load_once(dir: &Path, dtype: ComputeDtype) -> Result<(LoadedModel, bool)> {
                 (Box::new(stack), mtp::MtpHead::load(&cfg, &mut weights, shape)?)
             }
             ("gemma3_text", None) => (Box::new(gemma3_text::load(&cfg, &mut weights)?), None),
+            (other, None) if encoder::is_encoder(other) => {
+                return Err(EngineError::InvalidRequest(format!(
+                    "`{other}` is an encoder: an embedding model, served by /v1/embeddings and \
+                     /api/embed, never as a chat model"
+                )))
+            }
             (other, None) => {
                 return Err(EngineError::UnknownArchitecture(
                     other.to_string(),

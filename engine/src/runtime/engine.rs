@@ -19,7 +19,8 @@ use super::{Foreground, Gate, Lease, Leases};
 use crate::decode::constraint::Grammars;
 use crate::decode::{AdapterRef, DraftMode};
 use crate::error::{EngineError, Result};
-use crate::model::{load_model_as, LoadedModel, ModelConfig};
+use crate::model::encoder::Encoder;
+use crate::model::{load_model_as, LoadedModel, ModelConfig, ModelKind};
 use crate::platform::ComputeDtype;
 use crate::prefix_cache::{PrefixCacheConfig, PrefixStats};
 use crate::sync::{LockExt, RwLockExt};
@@ -115,6 +116,8 @@ pub struct ModelInfo {
     pub draft: DraftMode,
     /// Its vocabulary compiled for constrained decoding, on first use.
     pub grammars: Arc<Grammars>,
+    /// A chat model or an encoder (what its `config.json` names).
+    pub kind: ModelKind,
 }
 
 impl ModelInfo {
@@ -143,6 +146,8 @@ pub(super) struct Resident {
 #[derive(Debug, Clone, Serialize)]
 pub struct LoadedSnapshot {
     pub id: String,
+    /// `chat` or `embedding`.
+    pub kind: &'static str,
     pub architecture: String,
     pub context_length: usize,
     pub mtp: bool,
@@ -152,6 +157,14 @@ pub struct LoadedSnapshot {
     pub idle_s: f64,
     /// Waiting for its leases to end before it is unloaded.
     pub unloading: bool,
+}
+
+/// Embedding work since the engine started, for /health and /metrics.
+#[derive(Debug, Default)]
+pub struct EmbedStats {
+    pub requests: std::sync::atomic::AtomicU64,
+    pub inputs: std::sync::atomic::AtomicU64,
+    pub tokens: std::sync::atomic::AtomicU64,
 }
 
 pub struct Engine {
@@ -166,6 +179,8 @@ pub struct Engine {
     pub prefix: Arc<PrefixStats>,
     /// What the batch (on the MLX thread) runs and has run.
     pub batch: Arc<super::batch::BatchStats>,
+    /// Embedding requests served (`runtime::embed`).
+    pub embeddings: EmbedStats,
     /// Where every prompt is rendered and tokenized, a bounded number at once.
     pub(super) preparing: Arc<super::prepare_pool::Preparing>,
     /// Least recently used first.
@@ -219,6 +234,7 @@ impl Engine {
             )?,
             prefix,
             batch,
+            embeddings: Default::default(),
             preparing: Arc::new(super::prepare_pool::Preparing::new(
                 super::prepare_pool::PREPARE_AT_ONCE,
                 config.max_queue,
@@ -315,6 +331,11 @@ impl Engine {
         }) else {
             return;
         };
+        if info.kind != ModelKind::Chat {
+            // An encoder has no warmup and no ladder: its passes are short and whole.
+            drop(lease);
+            return;
+        }
         let result = if !info.has_mtp {
             drop(lease);
             WarmupOutcome::NotApplicable
@@ -335,7 +356,9 @@ impl Engine {
 
     /// The most recently used resident model (`None` once keep-alive unloaded them all).
     pub fn loaded(&self) -> Option<ModelInfo> {
-        self.resident.locked().last().map(|m| m.info.clone())
+        // The chat model: an encoder loaded beside it is not what the app serves chats with.
+        let r = self.resident.locked();
+        r.iter().rev().find(|m| m.info.kind == ModelKind::Chat).map(|m| m.info.clone())
     }
 
     pub fn resident_ids(&self) -> Vec<String> {
@@ -347,6 +370,7 @@ impl Engine {
         r.iter()
             .map(|m| LoadedSnapshot {
                 id: m.info.id.clone(),
+                kind: m.info.kind.name(),
                 architecture: m.info.architecture.clone(),
                 context_length: m.info.context_length,
                 mtp: m.info.has_mtp,
@@ -448,14 +472,18 @@ impl Engine {
             }
             let room = {
                 let r = self.resident.locked();
+                // Encoders and chat models have a room each: an embedding request never
+                // evicts the chat model (nor waits for its generation to end).
+                let kin: Vec<&Resident> =
+                    r.iter().filter(|m| m.info.kind.name() == info.kind.name()).collect();
                 if r.iter().any(|m| m.info.id == id) {
                     // Being unloaded: load it anew once that unload is done.
                     Err(None)
-                } else if r.len() < self.config.max_resident.max(1) {
+                } else if kin.len() < self.config.max_resident.max(1) {
                     Ok(())
                 } else {
                     // Every resident model being unloaded already: wait for one to go.
-                    Err(r.iter().find(|m| !m.unloading).map(|m| m.info.id.clone()))
+                    Err(kin.iter().find(|m| !m.unloading).map(|m| m.info.id.clone()))
                 }
             };
             match room {
@@ -475,6 +503,12 @@ impl Engine {
         let (model_id, draft) = (id.to_string(), self.config.draft.clone());
         let dtype = self.config.compute_dtype;
         let rx = self.mlx.submit(move |w| {
+            if let ModelKind::Embedding(_) = info.kind {
+                let mut encoder = Encoder::load(&dir, dtype)?;
+                encoder.id = model_id.clone();
+                w.encoders.insert(model_id, encoder);
+                return Ok(info);
+            }
             // A model's weights need the memory more than cached prompts do: the prefix
             // cache gives its RAM back first (its disk tier stays).
             w.prefix.clear_ram();
@@ -659,6 +693,7 @@ pub(crate) fn info_of(model: &LoadedModel) -> ModelInfo {
         adapter: None,
         draft: DraftMode::None,
         grammars: Arc::default(),
+        kind: ModelKind::Chat,
     }
 }
 
@@ -666,17 +701,27 @@ pub(crate) fn info_of(model: &LoadedModel) -> ModelInfo {
 fn probe(dir: &Path, id: &str) -> Result<ModelInfo> {
     let cfg = ModelConfig::read(dir)?;
     let tokenizer = Arc::new(Tokenizer::load(dir, &cfg.token_ids("eos_token_id"))?);
+    let architecture = cfg.str("model_type")?.to_string();
+    let kind = match crate::model::encoder::is_encoder(&architecture) {
+        true => ModelKind::Embedding(crate::model::encoder::EncoderSpec::read(dir, &cfg)?),
+        false => ModelKind::Chat,
+    };
+    let context_length = match &kind {
+        ModelKind::Embedding(spec) => spec.max_tokens,
+        ModelKind::Chat => cfg.int_or("max_position_embeddings", 4096)? as usize,
+    };
     Ok(ModelInfo {
         id: id.to_string(),
         dir: dir.to_path_buf(),
-        architecture: cfg.str("model_type")?.to_string(),
-        context_length: cfg.int_or("max_position_embeddings", 4096)? as usize,
+        architecture,
+        context_length,
         vocab_size: cfg.int("vocab_size")? as usize,
         has_mtp: false,
         tokenizer,
         adapter: None,
         draft: DraftMode::None,
         grammars: Arc::default(),
+        kind,
     })
 }
 

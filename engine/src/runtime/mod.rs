@@ -5,6 +5,7 @@
 //! thread (`worker`), where the turns generating together form one batch (`batch`, stepped by `scheduler`).
 
 pub mod batch;
+pub mod embed;
 pub mod engine;
 pub mod event;
 pub mod foreground;
@@ -22,6 +23,7 @@ pub mod turn;
 pub mod warmup;
 pub mod worker;
 
+pub use embed::{Embed, EmbedInput, Embedded};
 pub use engine::{Engine, EngineConfig, KeepAlive};
 pub use foreground::{Foreground, ForegroundSnapshot, UserRequest};
 pub use gate::{Gate, GateError, GatePermit, Ticket};

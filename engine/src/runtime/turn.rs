@@ -112,6 +112,12 @@ impl Arrival {
         Arrival { engine: engine.clone(), user: engine.foreground.arrive(), at: Instant::now() }
     }
 
+    /// The engine, the user's guard and the arrival time (for the other kinds of request,
+    /// `embed`).
+    pub(super) fn into_parts(self) -> (Arc<Engine>, UserRequest, Instant) {
+        (self.engine, self.user, self.at)
+    }
+
     /// A whole turn without a protocol (benchmarks, tests, the CLI): its end, or why it
     /// failed.
     pub async fn run(self, turn: Turn) -> Result<TurnEnd> {
@@ -146,7 +152,7 @@ impl Arrival {
             let pool = engine.preparing.clone();
             let r = pool
                 .run(move || {
-                    let info = engine.resolve(&model)?;
+                    let info = chat_model(engine.resolve(&model)?)?;
                     let prepared = prepare(&info, asked)?;
                     Ok((info, prepared))
                 })
@@ -246,10 +252,25 @@ pub async fn count_prompt_tokens(engine: &Arc<Engine>, turn: Turn) -> Result<usi
     };
     let pool = engine.preparing.clone();
     pool.run(move || {
-        let info = engine.resolve(&model)?;
+        let info = chat_model(engine.resolve(&model)?)?;
         Ok(prepare(&info, asked)?.ids.len())
     })
     .await
+}
+
+/// `info`, if it is a model that chats; an encoder is refused by name.
+fn chat_model(info: ModelInfo) -> Result<ModelInfo> {
+    match info.kind {
+        crate::model::ModelKind::Chat => Ok(info),
+        crate::model::ModelKind::Embedding(_) => Err(EngineError::BadField {
+            field: "model",
+            msg: format!(
+                "`{}` is an embedding model: it serves /v1/embeddings and /api/embed, not chat \
+                 or completions",
+                info.id
+            ),
+        }),
+    }
 }
 
 /// A started turn: its events, and its cancellation (dropping the handle cancels it; the

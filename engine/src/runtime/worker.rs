@@ -21,6 +21,7 @@ use super::warmup::{prompt_of_length, WarmupWork};
 use crate::decode::common::token_array;
 use crate::decode::{generate, AdapterRef, DraftMode, GenerateParams};
 use crate::error::{EngineError, Result};
+use crate::model::encoder::Encoder;
 use crate::model::kv_cache::KvCache;
 use crate::model::lora::Lora;
 use crate::model::LoadedModel;
@@ -30,6 +31,8 @@ use crate::sync::LockExt;
 /// What the MLX thread owns.
 pub struct Worker {
     pub models: HashMap<String, LoadedModel>,
+    /// The sentence encoders loaded (embedding models, `model::encoder`).
+    pub encoders: HashMap<String, Encoder>,
     /// A warmup ladder's rung in progress.
     pub scratch: Option<Scratch>,
     /// State a long job keeps here between its tasks (a training run's trainer): one at a
@@ -83,6 +86,7 @@ impl Worker {
     /// Forget `id` (and every adapter, cheap to reread) and give the memory back.
     pub(crate) fn unload(&mut self, id: &str) {
         self.models.remove(id);
+        self.encoders.remove(id);
         self.adapters.clear();
         self.prefix.forget(id);
         if self.scratch.as_ref().is_some_and(|s| s.model == id) {
@@ -142,6 +146,7 @@ impl MlxThread {
             .spawn(move || {
                 let mut worker = Worker {
                     models: HashMap::new(),
+                    encoders: HashMap::new(),
                     scratch: None,
                     job_state: None,
                     adapters: HashMap::new(),

@@ -19,7 +19,7 @@ use super::App;
 use crate::config::SamplingDefaults;
 use crate::decode::FinishReason;
 use crate::runtime::turn::TurnRecord;
-use crate::runtime::{Arrival, Turn, TurnHandle};
+use crate::runtime::{Arrival, Embed, Embedded, Turn, TurnHandle};
 use crate::sync::LockExt;
 
 /// An endpoint as the exchange sees it.
@@ -114,23 +114,8 @@ pub(super) async fn start<P: Send + 'static>(
     // Random, not `n`: a stored response is read, continued and deleted by its id alone, so
     // one client must not be able to guess another's (docs/responses.md).
     let id = super::ids::random_id(route.id_prefix);
-    let failed = |model: &str, stream: bool, e: ApiError| {
-        app.metrics.request(route.name, e.status.as_u16());
-        app.metrics.error(e.label());
-        if let Some(log) = &app.log {
-            log.write(&RequestRecord {
-                id: id.clone(),
-                time_unix: unix_now(),
-                endpoint: route.name.into(),
-                model: model.into(),
-                stream,
-                status: e.status.as_u16(),
-                error: Some(e.message.clone()),
-                ..Default::default()
-            });
-        }
-        e
-    };
+    let failed =
+        |model: &str, stream: bool, e: ApiError| refused(app, route, &id, model, stream, e);
     let bytes = body_bytes(app, body).map_err(|e| failed("", false, e))?;
     // Parsing is CPU work on untrusted input: off the async threads, so /health and other
     // requests keep answering whatever a body holds.
@@ -157,6 +142,69 @@ pub(super) async fn start<P: Send + 'static>(
         .map_err(|e| failed(&model, stream, ApiError::engine(&e, route.prompt_param)))?;
     let in_flight = InFlight::register(app, n, handle.cancel_flag());
     Ok(Exchange { id, handle, stream, wire, _in_flight: in_flight })
+}
+
+/// A request refused before it ran, in the metrics and the request log.
+fn refused(app: &App, route: &Route, id: &str, model: &str, stream: bool, e: ApiError) -> ApiError {
+    app.metrics.request(route.name, e.status.as_u16());
+    app.metrics.error(e.label());
+    if let Some(log) = &app.log {
+        log.write(&RequestRecord {
+            id: id.into(),
+            time_unix: unix_now(),
+            endpoint: route.name.into(),
+            model: model.into(),
+            stream,
+            status: e.status.as_u16(),
+            error: Some(e.message.clone()),
+            ..Default::default()
+        });
+    }
+    e
+}
+
+/// One embedding request, shared by every protocol that has one: the arrival stamped first,
+/// the body read and parsed off the async threads (into the runtime's `Embed` and what the
+/// protocol renders with, `P`), the vectors made, and the request counted in the metrics and
+/// the request log however it ends.
+pub(super) async fn embed<P: Send + 'static>(
+    app: &Arc<App>,
+    route: &'static Route,
+    body: Result<Bytes, BytesRejection>,
+    parse: impl FnOnce(&[u8]) -> Result<(Embed, P), ApiError> + Send + 'static,
+) -> Result<(Embedded, P), ApiError> {
+    let arrival = Arrival::now(&app.engine);
+    let id = super::ids::random_id(route.id_prefix);
+    let failed = |model: &str, e: ApiError| refused(app, route, &id, model, false, e);
+    let bytes = body_bytes(app, body).map_err(|e| failed("", e))?;
+    let (req, wire) = tokio::task::spawn_blocking(move || parse(&bytes))
+        .await
+        .unwrap_or_else(|e| {
+            Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                format!("parsing the request failed: {e}"),
+            ))
+        })
+        .map_err(|e| failed("", e))?;
+    let (model, inputs) = (req.model.to_string(), req.inputs.len());
+    let done =
+        arrival.embed(req).await.map_err(|e| failed(&model, ApiError::engine(&e, "input")))?;
+    app.metrics.request(route.name, 200);
+    app.metrics.embedding(inputs, done.tokens);
+    if let Some(log) = &app.log {
+        log.write(&RequestRecord {
+            id,
+            time_unix: unix_now(),
+            endpoint: route.name.into(),
+            model: done.model.clone(),
+            status: 200,
+            prompt_tokens: done.tokens,
+            inputs: Some(inputs),
+            ..Default::default()
+        });
+    }
+    Ok((done, wire))
 }
 
 /// A turn's end, in the metrics and the request log (on the generation's thread, before

@@ -29,6 +29,7 @@ pub struct Metrics {
     batch_steps: Family<Labels, Counter>,
     batch_size: Gauge,
     batch_slots: Gauge,
+    embedding_inputs: Counter,
 }
 
 impl Metrics {
@@ -108,7 +109,14 @@ impl Metrics {
             "Requests in the batch now, decoding or prefilling",
             batch_slots.clone(),
         );
+        let embedding_inputs = Counter::default();
+        registry.register(
+            "embedding_inputs",
+            "Inputs embedded for users (their tokens count in perch_tokens{kind=\"embedding\"})",
+            embedding_inputs.clone(),
+        );
         Metrics {
+            embedding_inputs,
             batch_steps,
             batch_size,
             batch_slots,
@@ -163,6 +171,12 @@ impl Metrics {
         if let Some(r) = decode_tok_s {
             self.decode_rate.observe(r);
         }
+    }
+
+    /// One embedding request's inputs and their tokens.
+    pub fn embedding(&self, inputs: usize, tokens: usize) {
+        self.embedding_inputs.inc_by(inputs as u64);
+        self.tokens.get_or_create(&vec![("kind".into(), "embedding".into())]).inc_by(tokens as u64);
     }
 
     pub fn render(

@@ -192,6 +192,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/models/{*id}", get(openai::model))
         .route("/v1/chat/completions", post(openai::chat))
         .route("/v1/completions", post(openai::completions))
+        .route("/v1/embeddings", post(openai::embeddings::create))
         .route("/v1/responses", post(openai::responses::create))
         .route(
             "/v1/responses/{id}",
@@ -201,6 +202,8 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/api/chat", post(ollama::chat))
         .route("/api/generate", post(ollama::generate))
+        .route("/api/embed", post(ollama::embed::embed))
+        .route("/api/embeddings", post(ollama::embed::embeddings))
         .route("/api/tags", get(ollama::tags))
         .route("/api/ps", get(ollama::ps))
         .route("/api/show", post(ollama::show))

@@ -36,6 +36,9 @@ pub struct RequestRecord {
     /// The batch it ran in: sequences per step, on average and at most (none: alone).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub batch: Option<BatchShare>,
+    /// An embedding request's inputs (its tokens are `prompt_tokens`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<usize>,
     pub error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt: Option<String>,

@@ -165,6 +165,16 @@ async fn select(State(sup): S, bytes: Bytes) -> Reply {
     let sup = live(sup)?;
     let v: Value = body(&bytes)?;
     let id = field(&v, "id")?.to_string();
+    let catalog = sup.settings().map(|s| s.catalog());
+    if catalog
+        .and_then(|c| c.list().into_iter().find(|m| m.id == id))
+        .is_some_and(|m| m.kind != "chat")
+    {
+        return Err(ApiError::invalid(
+            "id",
+            format!("`{id}` is an embedding model; the default model is the one that chats"),
+        ));
+    }
     sup.select_model(&id).await.map_err(|e| config_error(&e))?;
     Ok(Json(json!({"default_model": id, "status": sup.status()})).into_response())
 }

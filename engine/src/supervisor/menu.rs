@@ -32,6 +32,8 @@ impl Supervisor {
             .map(|s| s.catalog().list())
             .unwrap_or_default()
             .into_iter()
+            // The picker chooses the chat model; an encoder is never one.
+            .filter(|m| m.kind == "chat")
             .map(|m| {
                 let loading = status.loading.as_deref() == Some(m.id.as_str());
                 TrayModel {

@@ -1,8 +1,10 @@
 //! Ollama's API for the editor plugins, web UIs and scripts that speak it: `/api/chat`,
-//! `/api/generate` (NDJSON streams), `/api/tags`, `/api/ps`, `/api/show`, `/api/version`.
+//! `/api/generate` (NDJSON streams), `/api/embed` and `/api/embeddings` (`embed`), `/api/tags`,
+//! `/api/ps`, `/api/show`, `/api/version`.
 //! A thin adapter like the others: a body becomes the runtime's turn (`request`), its events
 //! come back as Ollama's objects (`render`), errors as `{"error": "..."}` (docs/ollama.md).
 
+pub mod embed;
 mod render;
 pub mod request;
 
@@ -101,6 +103,9 @@ pub async fn show(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejectio
             .map_err(|e| ApiError::engine(&e, "model"))?;
         let template = info.tokenizer.chat_template_source().unwrap_or_default().to_string();
         let mut capabilities = vec!["completion"];
+        if info.kind != crate::model::ModelKind::Chat {
+            capabilities = vec!["embedding"];
+        }
         if template.contains("tools") {
             capabilities.push("tools");
         }

@@ -44,7 +44,7 @@ const OPTIONS: &[&str] = &[
     "presence_penalty",
     "frequency_penalty",
 ];
-const HINTS: &[&str] = &[
+pub(super) const HINTS: &[&str] = &[
     "num_ctx",
     "num_batch",
     "num_gpu",

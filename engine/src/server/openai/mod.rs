@@ -1,8 +1,9 @@
-//! OpenAI's API: `/v1/models`, `/v1/chat/completions`, `/v1/completions`, and the Responses
-//! API (`responses`). A body is parsed
+//! OpenAI's API: `/v1/models`, `/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`
+//! (`embeddings`), and the Responses API (`responses`). A body is parsed
 //! into a turn (`request`), the exchange runs it, and its events are rendered back
 //! (`render`); nothing here touches the runtime otherwise.
 
+pub mod embeddings;
 mod fields;
 mod render;
 pub mod request;
@@ -23,8 +24,14 @@ use super::exchange::{self, Parsed, Route};
 use super::App;
 use request::Endpoint;
 
-fn model_entry(id: &str, context_length: Option<u64>, architecture: &str, loaded: bool) -> Value {
-    json!({"id": id, "object": "model", "created": 0, "owned_by": "perch", "context_length": context_length, "architecture": architecture, "loaded": loaded})
+fn model_entry(
+    id: &str,
+    context_length: Option<u64>,
+    architecture: &str,
+    kind: &str,
+    loaded: bool,
+) -> Value {
+    json!({"id": id, "object": "model", "created": 0, "owned_by": "perch", "context_length": context_length, "architecture": architecture, "kind": kind, "loaded": loaded})
 }
 
 pub(super) fn model_list(app: &App) -> Vec<Value> {
@@ -39,9 +46,11 @@ pub(super) fn model_list(app: &App) -> Vec<Value> {
             let loaded = resident.iter().any(|r| r.id == m.id);
             // Each saved LoRA adapter is served as `model+adapter`.
             let adapters = crate::model::lora::list_adapters(&app.engine.config.models_dir, &m.id);
-            let mut entries = vec![model_entry(&m.id, m.context_length, &m.architecture, loaded)];
+            let mut entries =
+                vec![model_entry(&m.id, m.context_length, &m.architecture, m.kind, loaded)];
             entries.extend(adapters.iter().map(|a| {
-                model_entry(&format!("{}+{a}", m.id), m.context_length, &m.architecture, loaded)
+                let id = format!("{}+{a}", m.id);
+                model_entry(&id, m.context_length, &m.architecture, m.kind, loaded)
             }));
             entries
         })
@@ -49,7 +58,8 @@ pub(super) fn model_list(app: &App) -> Vec<Value> {
     // A model served from a directory outside the catalog.
     for r in resident {
         if !out.iter().any(|m| m["id"] == r.id.as_str()) {
-            out.insert(0, model_entry(&r.id, Some(r.context_length as u64), &r.architecture, true));
+            let length = Some(r.context_length as u64);
+            out.insert(0, model_entry(&r.id, length, &r.architecture, r.kind, true));
         }
     }
     out

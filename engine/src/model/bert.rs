@@ -1,0 +1,171 @@
+//! BERT (`model_type: bert`), the encoder behind sentence-transformers models such as
+//! all-MiniLM-L6-v2: word + position + token-type embeddings and a LayerNorm, then post-norm
+//! blocks (bidirectional attention with biases, exact-erf GELU MLP). Padded batches: a mask
+//! keeps every sequence from seeing its padding, so a sentence's vectors do not depend on
+//! what it was batched with beyond float rounding.
+
+use mlx_rs::fast::{layer_norm, scaled_dot_product_attention};
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{Array, Dtype};
+
+use super::linear::Linear;
+use super::weights::Weights;
+use super::ModelConfig;
+use crate::error::Result;
+
+struct Norm {
+    weight: Array,
+    bias: Array,
+}
+
+impl Norm {
+    fn load(w: &mut Weights, prefix: &str, hidden: i32) -> Result<Norm> {
+        Ok(Norm {
+            weight: w.take(&format!("{prefix}.weight"), &[hidden])?,
+            bias: w.take(&format!("{prefix}.bias"), &[hidden])?,
+        })
+    }
+
+    fn forward(&self, x: &Array, eps: f32) -> Result<Array> {
+        Ok(layer_norm(x, &self.weight, &self.bias, eps)?)
+    }
+}
+
+struct Block {
+    /// Query, key and value as one product (their outputs side by side).
+    qkv: Linear,
+    out: Linear,
+    attention_norm: Norm,
+    up: Linear,
+    down: Linear,
+    output_norm: Norm,
+}
+
+pub struct Bert {
+    words: Array,
+    positions: Array,
+    token_type: Array,
+    embed_norm: Norm,
+    blocks: Vec<Block>,
+    heads: i32,
+    hidden: i32,
+    eps: f32,
+    pub max_positions: usize,
+}
+
+impl Bert {
+    pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<Bert> {
+        let hidden = cfg.int("hidden_size")?;
+        let heads = cfg.int("num_attention_heads")?;
+        let inter = cfg.int("intermediate_size")?;
+        let vocab = cfg.int("vocab_size")?;
+        let max_positions = cfg.int_or("max_position_embeddings", 512)?;
+        let types = cfg.int_or("type_vocab_size", 2)?;
+        if hidden <= 0 || heads <= 0 || hidden % heads != 0 || inter <= 0 || max_positions <= 0 {
+            return Err(cfg.err(format!(
+                "hidden_size {hidden} must be a positive multiple of num_attention_heads {heads}, \
+                 with positive intermediate_size and max_position_embeddings"
+            )));
+        }
+        match cfg.raw.get("hidden_act").and_then(|v| v.as_str()).unwrap_or("gelu") {
+            "gelu" => {}
+            other => {
+                return Err(cfg.err(format!("hidden_act `{other}` is not supported (gelu is)")))
+            }
+        }
+        match cfg.raw.get("position_embedding_type").and_then(|v| v.as_str()).unwrap_or("absolute")
+        {
+            "absolute" => {}
+            other => {
+                return Err(cfg.err(format!(
+                    "position_embedding_type `{other}` is not supported (absolute is)"
+                )))
+            }
+        }
+        // Checkpoints saved by some versions carry these buffers; nothing reads them.
+        w.remove_unused("embeddings.position_ids");
+        // The pooler (a dense layer over [CLS]) is BertModel's, not the sentence embedding's:
+        // sentence-transformers pools the last hidden states.
+        w.remove_unused("pooler.dense.weight");
+        w.remove_unused("pooler.dense.bias");
+        let p = "embeddings";
+        let words = w.take(&format!("{p}.word_embeddings.weight"), &[vocab, hidden])?;
+        let positions =
+            w.take(&format!("{p}.position_embeddings.weight"), &[max_positions, hidden])?;
+        let token_type = w
+            .take(&format!("{p}.token_type_embeddings.weight"), &[types, hidden])?
+            .index((0..1, ..));
+        let embed_norm = Norm::load(w, &format!("{p}.LayerNorm"), hidden)?;
+        let mut blocks = vec![];
+        for i in 0..cfg.int("num_hidden_layers")? {
+            let b = format!("encoder.layer.{i}");
+            let linear = |w: &mut Weights, name: &str, inp, out| {
+                Linear::load(w, cfg, &format!("{b}.{name}"), inp, out, true)
+            };
+            let q = linear(w, "attention.self.query", hidden, hidden)?;
+            let k = linear(w, "attention.self.key", hidden, hidden)?;
+            let v = linear(w, "attention.self.value", hidden, hidden)?;
+            let qkv = Linear::stack(vec![q, k, v]).map_err(|_| {
+                cfg.err(format!("{b}: query, key and value must share one format to be read"))
+            })?;
+            blocks.push(Block {
+                qkv,
+                out: linear(w, "attention.output.dense", hidden, hidden)?,
+                attention_norm: Norm::load(w, &format!("{b}.attention.output.LayerNorm"), hidden)?,
+                up: linear(w, "intermediate.dense", hidden, inter)?,
+                down: linear(w, "output.dense", inter, hidden)?,
+                output_norm: Norm::load(w, &format!("{b}.output.LayerNorm"), hidden)?,
+            });
+        }
+        let eps = cfg.float_or("layer_norm_eps", 1e-12)? as f32;
+        Ok(Bert {
+            words,
+            positions,
+            token_type,
+            embed_norm,
+            blocks,
+            heads,
+            hidden,
+            eps,
+            max_positions: max_positions as usize,
+        })
+    }
+
+    pub fn hidden_size(&self) -> usize {
+        self.hidden as usize
+    }
+
+    /// `ids` [B, L] int32 (padded), `mask` [B, L] float (1 for tokens, 0 for padding) → the
+    /// last hidden states [B, L, hidden].
+    pub fn forward(&self, ids: &Array, mask: &Array) -> Result<Array> {
+        let (b, l) = (ids.shape()[0], ids.shape()[1]);
+        let x = self.words.take_axis(ids, 0)?;
+        let x = x.add(self.positions.index((0..l, ..)))?.add(&self.token_type)?;
+        let mut x = self.embed_norm.forward(&x, self.eps)?;
+        // Padding gets a large negative score in every row (not -inf: a row of padding only,
+        // which no real sequence has, must not turn into NaN).
+        let bias = mask.subtract(Array::from_f32(1.0))?.multiply(Array::from_f32(1e9))?;
+        let bias = bias.reshape(&[b, 1, 1, l])?.as_dtype(x.dtype())?;
+        let d = self.hidden / self.heads;
+        let scale = (d as f32).powf(-0.5);
+        for block in &self.blocks {
+            let qkv = block.qkv.forward(&x)?;
+            let heads = |i: i32| -> Result<Array> {
+                let part = qkv.index((.., .., i * self.hidden..(i + 1) * self.hidden));
+                Ok(part.reshape(&[b, l, self.heads, d])?.transpose_axes(&[0, 2, 1, 3])?)
+            };
+            let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
+            let a = scaled_dot_product_attention(&q, &k, &v, scale, &bias, None)?;
+            let a = a.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, self.hidden])?;
+            x = block.attention_norm.forward(&x.add(block.out.forward(&a)?)?, self.eps)?;
+            let h = mlx_rs::nn::gelu(block.up.forward(&x)?)?;
+            x = block.output_norm.forward(&x.add(block.down.forward(&h)?)?, self.eps)?;
+        }
+        Ok(x)
+    }
+
+    /// The dtype its weights compute in.
+    pub fn dtype(&self) -> Dtype {
+        self.words.dtype()
+    }
+}
