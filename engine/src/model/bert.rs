@@ -135,9 +135,9 @@ impl Bert {
         self.hidden as usize
     }
 
-    /// `ids` [B, L] int32 (padded), `mask` [B, L] float (1 for tokens, 0 for padding) → the
-    /// last hidden states [B, L, hidden].
-    pub fn forward(&self, ids: &Array, mask: &Array) -> Result<Array> {
+    /// `ids` [B, L] int32 (padded), `mask` [B, L] float (1 for tokens, 0 for padding), `lens`
+    /// the B sequences' lengths → the last hidden states [B, L, hidden].
+    pub fn forward(&self, ids: &Array, mask: &Array, lens: &[usize]) -> Result<Array> {
         let (b, l) = (ids.shape()[0], ids.shape()[1]);
         let x = self.words.take_axis(ids, 0)?;
         let x = x.add(self.positions.index((0..l, ..)))?.add(&self.token_type)?;
@@ -148,20 +148,79 @@ impl Bert {
         let bias = bias.reshape(&[b, 1, 1, l])?.as_dtype(x.dtype())?;
         let d = self.hidden / self.heads;
         let scale = (d as f32).powf(-0.5);
+        let host = super::host_matrix::enabled()
+            && super::host_matrix::sgemm_available()
+            && x.dtype() == Dtype::Float32;
         for block in &self.blocks {
             let qkv = block.qkv.forward(&x)?;
-            let heads = |i: i32| -> Result<Array> {
-                let part = qkv.index((.., .., i * self.hidden..(i + 1) * self.hidden));
-                Ok(part.reshape(&[b, l, self.heads, d])?.transpose_axes(&[0, 2, 1, 3])?)
+            let a = if host {
+                self.host_attention(&qkv, lens, l as usize, scale)?
+            } else {
+                let heads = |i: i32| -> Result<Array> {
+                    let part = qkv.index((.., .., i * self.hidden..(i + 1) * self.hidden));
+                    Ok(part.reshape(&[b, l, self.heads, d])?.transpose_axes(&[0, 2, 1, 3])?)
+                };
+                let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
+                let a = scaled_dot_product_attention(&q, &k, &v, scale, &bias, None)?;
+                a.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, self.hidden])?
             };
-            let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
-            let a = scaled_dot_product_attention(&q, &k, &v, scale, &bias, None)?;
-            let a = a.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, self.hidden])?;
             x = block.attention_norm.forward(&x.add(block.out.forward(&a)?)?, self.eps)?;
-            let h = mlx_rs::nn::gelu(block.up.forward(&x)?)?;
+            let up = block.up.forward(&x)?;
+            // MLX's CPU erf is a scalar loop on one core (host_gelu.rs); Metal's is not.
+            let h = if super::host_matrix::enabled() {
+                super::host_gelu::gelu_array(&up)?
+            } else {
+                mlx_rs::nn::gelu(up)?
+            };
             x = block.output_norm.forward(&x.add(block.down.forward(&h)?)?, self.eps)?;
         }
         Ok(x)
+    }
+
+    /// Attention on the host (CPU backend): each sequence over its own tokens only, so no
+    /// padding is multiplied. MLX's CPU softmax runs its `exp` on one core, scalar: for 32
+    /// sequences of 32 tokens it cost as much as a layer's largest product
+    /// (`host_attention.rs` has the figures). `qkv` [B, L, 3 · hidden] → [B, L, hidden],
+    /// padding rows zero.
+    fn host_attention(
+        &self,
+        qkv: &Array,
+        lens: &[usize],
+        width: usize,
+        scale: f32,
+    ) -> Result<Array> {
+        use super::host_attention::{attend, Cached, Mask};
+        let qkv = super::host_step::values(qkv)?;
+        let (hidden, heads) = (self.hidden as usize, self.heads as usize);
+        let d = hidden / heads;
+        let mut out = vec![0f32; lens.len() * width * hidden];
+        for (s, &n) in lens.iter().enumerate() {
+            // [heads, n, d] for each of q, k and v, from rows [q | k | v].
+            let split = |part: usize| {
+                let mut v = vec![0f32; heads * n * d];
+                for t in 0..n {
+                    let row = &qkv[(s * width + t) * 3 * hidden + part * hidden..][..hidden];
+                    for h in 0..heads {
+                        v[(h * n + t) * d..][..d].copy_from_slice(&row[h * d..][..d]);
+                    }
+                }
+                v
+            };
+            let (q, k, v) = (split(0), split(1), split(2));
+            let cached = Cached {
+                keys: &k,
+                values: &v,
+                kv_heads: heads,
+                capacity: n,
+                len: n,
+                key_dim: d,
+                value_dim: d,
+            };
+            let a = attend(&q, heads, n, &cached, scale, &Mask::None);
+            out[s * width * hidden..][..n * hidden].copy_from_slice(&a);
+        }
+        let shape = [lens.len() as i32, width as i32, self.hidden];
+        Ok(Array::from_slice(&out, &shape))
     }
 
     /// The dtype its weights compute in.

@@ -231,8 +231,9 @@ impl Encoder {
         seqs: impl Iterator<Item = &'a [u32]>,
         width: usize,
     ) -> Result<Vec<Vec<f32>>> {
-        let (mut ids, mut mask, mut n) = (vec![], vec![], 0);
+        let (mut ids, mut mask, mut n, mut lens) = (vec![], vec![], 0, vec![]);
         for s in seqs {
+            lens.push(s.len());
             ids.extend(s.iter().map(|&t| t as i32));
             ids.extend(std::iter::repeat_n(0, width - s.len()));
             mask.extend(std::iter::repeat_n(1f32, s.len()));
@@ -242,7 +243,7 @@ impl Encoder {
         let shape = [n, width as i32];
         let ids = Array::from_slice(&ids, &shape);
         let mask = Array::from_slice(&mask, &shape);
-        let h = self.net.forward(&ids, &mask)?.as_dtype(Dtype::Float32)?;
+        let h = self.net.forward(&ids, &mask, &lens)?.as_dtype(Dtype::Float32)?;
         let m = mask.reshape(&[n, width as i32, 1])?;
         let count = mask.sum_axis(1, true)?;
         let pooled = match self.spec.pooling {
