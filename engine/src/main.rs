@@ -196,6 +196,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // A template worker started by this program itself: it renders and exits here.
+    perch_engine::chat::sandbox::serve_if_asked();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("PERCH_LOG")
@@ -203,6 +205,7 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    perch_engine::chat::sandbox::install_self();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -438,6 +441,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 disk_dir: Some(
                     prefix_cache_dir.unwrap_or_else(perch_engine::paths::prefix_cache_dir),
                 ),
+                block: perch_engine::prefix_cache::PrefixCacheConfig::block_for(api_key.is_some()),
             };
             let mut aliases: std::collections::BTreeMap<String, String> =
                 perch_engine::runtime::ModelAliases::defaults().into_iter().collect();

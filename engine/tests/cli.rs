@@ -102,3 +102,102 @@ fn serve_refuses_an_origin_that_is_not_one() {
         assert!(err.contains("is not an origin"), "{bad}: {err}");
     }
 }
+
+/// A `perch serve` over the models in `models`, answering on a port of its own.
+struct Serving {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Serving {
+    fn start(models: &std::path::Path, model: &str) -> Serving {
+        use std::io::{BufRead, BufReader};
+        let mut child = perch()
+            .arg("--models-dir")
+            .arg(models)
+            .args([
+                "serve",
+                "--model",
+                model,
+                "--port",
+                "0",
+                "--log-dir",
+                "none",
+                "--ladder",
+                "off",
+            ])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let url = loop {
+            let line = lines.next().expect("perch serve exited before serving").unwrap();
+            if let Some(at) = line.split(" at ").nth(1) {
+                break at.trim().trim_end_matches("/v1").to_string();
+            }
+        };
+        std::thread::spawn(move || lines.for_each(drop));
+        Serving { child, url }
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_template_that_would_exhaust_memory_or_the_stack_fails_alone() {
+    // minijinja's fuel counts steps, not bytes: forty doublings ask for a terabyte; a list
+    // nested 100,000 deep overflows any stack when printed. Either, rendered in the server's
+    // own process, aborts it.
+    let hostile = [
+        (
+            "doubling",
+            "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}\
+             {% endfor %}{{ ns.s | length }}",
+            "memory",
+        ),
+        (
+            "nesting",
+            "{% set ns = namespace(x=[]) %}{% for i in range(1000) %}{% for j in range(100) %}\
+             {% set ns.x = [ns.x] %}{% endfor %}{% endfor %}{{ ns.x }}",
+            "stack",
+        ),
+    ];
+    let tmp = tempfile::tempdir().unwrap();
+    install_fixture("qwen3", &tmp.path().join("good"));
+    for (name, template, _) in hostile {
+        let dir = tmp.path().join(name);
+        install_fixture("qwen3", &dir);
+        let cfg = dir.join("tokenizer_config.json");
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+        v["chat_template"] = serde_json::json!(template);
+        std::fs::write(&cfg, v.to_string()).unwrap();
+    }
+    let server = Serving::start(tmp.path(), "good");
+    let http = reqwest::Client::new();
+    let chat = |model: &str| {
+        let body = serde_json::json!({
+            "model": model, "max_tokens": 2,
+            "messages": [{"role": "user", "content": "hi"}],
+        });
+        http.post(format!("{}/v1/chat/completions", server.url)).json(&body).send()
+    };
+    for (name, _, bound) in hostile {
+        let started = std::time::Instant::now();
+        let r = chat(name).await.unwrap();
+        let status = r.status().as_u16();
+        let e: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(status, 500, "{name}: {e}");
+        let msg = e["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains("chat template") && msg.contains(bound), "{name}: {msg}");
+        assert!(started.elapsed().as_secs() < 60, "{name} took {:?}", started.elapsed());
+        // The server is still there and still renders a template that behaves.
+        let r = chat("good").await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "after {name}: {}", r.text().await.unwrap());
+    }
+}

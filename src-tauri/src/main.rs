@@ -201,11 +201,14 @@ fn apply_autostart(app: &AppHandle, settings: Option<&Settings>) {
 }
 
 fn main() {
+    // A template worker started by the app itself: it renders and exits here.
+    perch_engine::chat::sandbox::serve_if_asked();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
+    perch_engine::chat::sandbox::install_self();
     let app = tauri::Builder::default()
         .plugin(tauri_plugin_single_instance::init(|app, _args, _cwd| show_window(app, "chat")))
         .plugin(tauri_plugin_autostart::init(

@@ -3,6 +3,7 @@
 
 mod pyjson;
 pub mod reasoning;
+pub mod sandbox;
 pub mod template;
 pub mod tools;
 

@@ -54,8 +54,23 @@ pub struct ChatTemplate {
 
 impl ChatTemplate {
     /// Render `messages` through the model's chat template, ending with the assistant's
-    /// turn opened when `add_generation_prompt`.
+    /// turn opened when `add_generation_prompt`: in a bounded worker process where the
+    /// program installed one (`chat::sandbox`), else here.
     pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        options: &ChatOptions,
+    ) -> Result<String> {
+        match super::sandbox::installed() {
+            Some(sandbox) => sandbox.render(self, messages, add_generation_prompt, options),
+            None => self.render_here(messages, add_generation_prompt, options),
+        }
+    }
+
+    /// `render` in this process: its steps and its output are bounded, the memory its
+    /// intermediate values take and the depth they nest are not.
+    pub(crate) fn render_here(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
