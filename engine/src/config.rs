@@ -505,6 +505,7 @@ impl Settings {
                 ram_bytes: (self.prefix_cache_mb << 20) as usize,
                 disk_bytes: self.prefix_cache_disk_mb << 20,
                 disk_dir: Some(crate::paths::prefix_cache_dir()),
+                block: crate::prefix_cache::PrefixCacheConfig::block_for(!self.api_key.is_empty()),
             },
             model_aliases: ModelAliases::new(self.model_aliases.clone()).unwrap_or_default(),
             ..EngineConfig::default()
@@ -622,5 +623,14 @@ mod tests {
         assert!(!s.needs_restart(&t));
         t.draft = "none".into();
         assert!(s.needs_restart(&t));
+    }
+
+    #[test]
+    fn with_a_key_the_prefix_cache_reuses_whole_blocks() {
+        let (_dir, s) = with_model();
+        let keyed = Settings { api_key: "k".repeat(32), ..s.clone() };
+        let open = Settings { api_key: String::new(), ..s };
+        assert_eq!(keyed.engine_config().prefix_cache.block, crate::prefix_cache::SHARED_BLOCK);
+        assert_eq!(open.engine_config().prefix_cache.block, 1);
     }
 }

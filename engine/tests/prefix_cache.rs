@@ -174,7 +174,7 @@ fn a_state_keyed_for_other_weights_or_an_adapter_is_not_used() {
 fn disk_config() -> (tempfile::TempDir, PrefixCacheConfig) {
     let dir = tempfile::tempdir().unwrap();
     let disk_dir = Some(dir.path().to_path_buf());
-    (dir, PrefixCacheConfig { ram_bytes: 1 << 30, disk_bytes: 1 << 30, disk_dir })
+    (dir, PrefixCacheConfig { ram_bytes: 1 << 30, disk_bytes: 1 << 30, disk_dir, block: 1 })
 }
 
 #[test]

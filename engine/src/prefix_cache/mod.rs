@@ -27,12 +27,34 @@ pub struct PrefixCacheConfig {
     pub disk_bytes: u64,
     /// Where the disk tier keeps its files (`None`: no disk tier).
     pub disk_dir: Option<PathBuf>,
+    /// Prefixes are reused, and reported as `cached_tokens`, in whole blocks of this many
+    /// tokens (1: any length). Reuse exact to the token is a prefix oracle across clients:
+    /// one guessing another's prompt word by word would see how far each guess matches,
+    /// in the count and in the time to the first token.
+    pub block: usize,
+}
+
+/// The block where clients are told apart by a key (`docs/prefix-cache.md`): OpenAI's
+/// prompt caching reports in the same steps.
+pub const SHARED_BLOCK: usize = 128;
+
+impl PrefixCacheConfig {
+    /// The block for a server with or without an API key: without one every local program
+    /// is equally trusted (each can read the cache's files as well), with one the cache
+    /// reveals whole blocks only.
+    pub fn block_for(api_key_set: bool) -> usize {
+        if api_key_set {
+            SHARED_BLOCK
+        } else {
+            1
+        }
+    }
 }
 
 impl Default for PrefixCacheConfig {
     /// RAM only: tests and embedders never write to the user's cache directory unasked.
     fn default() -> Self {
-        PrefixCacheConfig { ram_bytes: 1 << 30, disk_bytes: 0, disk_dir: None }
+        PrefixCacheConfig { ram_bytes: 1 << 30, disk_bytes: 0, disk_dir: None, block: 1 }
     }
 }
 
@@ -146,6 +168,7 @@ struct Entry {
 /// The two tiers, on the MLX thread.
 pub struct PrefixCache {
     ram_budget: usize,
+    block: usize,
     entries: Vec<Entry>,
     clock: u64,
     disk: Option<DiskTier>,
@@ -159,19 +182,26 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 
 /// How many of `prompt`'s tokens `state` can supply: a proper prefix (the last prompt token
 /// is always run, for its logits), every layer able to cut back to it, and with MTP drafting
-/// the head's pair for each reused position (pair p needs token p + 1 to match as well).
-fn usable(state: &KvState, prompt: &[u32], mtp: bool) -> usize {
+/// the head's pair for each reused position (pair p needs token p + 1 to match as well),
+/// in whole blocks.
+fn usable(state: &KvState, prompt: &[u32], mtp: bool, block: usize) -> usize {
     let shared = common_prefix(&state.tokens, prompt);
     let mut n = shared.min(prompt.len().saturating_sub(1));
     if mtp {
         let pairs = state.mtp.as_ref().map_or(0, |m| m.offset().max(0) as usize);
         n = n.min(shared.saturating_sub(1)).min(pairs);
     }
+    let n = whole_blocks(n, block);
     if n > 0 && state.can_truncate(n) {
         n
     } else {
         0
     }
+}
+
+/// `n` rounded down to a multiple of `block`.
+fn whole_blocks(n: usize, block: usize) -> usize {
+    n - n % block.max(1)
 }
 
 /// The shortest prefix `state` can be cut back to (0 when it has no sliding-window ring).
@@ -196,7 +226,14 @@ impl PrefixCache {
             }
             _ => None,
         };
-        PrefixCache { ram_budget: config.ram_bytes, entries: vec![], clock: 0, disk, stats }
+        PrefixCache {
+            ram_budget: config.ram_bytes,
+            block: config.block.max(1),
+            entries: vec![],
+            clock: 0,
+            disk,
+            stats,
+        }
     }
 
     fn tick(&mut self) -> u64 {
@@ -212,14 +249,15 @@ impl PrefixCache {
             .iter()
             .enumerate()
             .filter(|(_, e)| &e.key == key)
-            .map(|(i, e)| (usable(&e.state, prompt, mtp), i))
+            .map(|(i, e)| (usable(&e.state, prompt, mtp, self.block), i))
             .max();
         let mut best = best.filter(|(n, _)| *n > 0);
         let in_ram = best.map_or(0, |b| b.0);
         if let Some(disk) = &mut self.disk {
-            if disk.best_prefix(key, prompt) >= in_ram + DISK_MIN_GAIN {
+            // Whole blocks here too: reading a file is as visible in the time as a match.
+            if whole_blocks(disk.best_prefix(key, prompt), self.block) >= in_ram + DISK_MIN_GAIN {
                 if let Some(state) = disk.load(key, prompt) {
-                    let n = usable(&state, prompt, mtp);
+                    let n = usable(&state, prompt, mtp, self.block);
                     if n > in_ram {
                         self.insert_ram(key.clone(), state);
                         best = Some((n, self.entries.len() - 1));

@@ -78,3 +78,30 @@ fn the_budget_evicts_the_least_recently_used() {
     off.store(key("m"), state(&[1, 2, 3]));
     assert_eq!(s.snapshot().ram_entries, 0);
 }
+
+#[test]
+fn with_a_block_a_guess_learns_only_whole_blocks() {
+    // A victim's conversation, 300 tokens; two guesses at it that share 140 and 180 tokens.
+    let victim: Vec<u32> = (0..300).map(|i| i % 97 + 3).collect();
+    let guess = |right: usize| -> Vec<u32> {
+        let mut g = victim[..right].to_vec();
+        g.extend([1, 1, 1]);
+        g
+    };
+    let stats = Arc::new(PrefixStats::default());
+    let config = PrefixCacheConfig { block: SHARED_BLOCK, ..Default::default() };
+    let mut c = PrefixCache::new(&config, stats);
+    c.store(key("m"), state(&victim));
+    let reused =
+        |c: &mut PrefixCache, p: &[u32]| c.lookup(&key("m"), p, false).map_or(0, |s| s.len());
+    assert_eq!(reused(&mut c, &guess(140)), 128);
+    assert_eq!(reused(&mut c, &guess(180)), 128, "a closer guess looks the same");
+    assert_eq!(reused(&mut c, &guess(100)), 0, "less than a block reuses nothing");
+    assert_eq!(reused(&mut c, &guess(290)), 256);
+    // Without a block (no key: every local program equally trusted) reuse is exact.
+    let (mut exact, _) = cache(1 << 20);
+    exact.store(key("m"), state(&victim));
+    assert_eq!(reused(&mut exact, &guess(140)), 140);
+    assert_eq!(PrefixCacheConfig::block_for(true), SHARED_BLOCK);
+    assert_eq!(PrefixCacheConfig::block_for(false), 1);
+}
