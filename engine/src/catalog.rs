@@ -16,6 +16,25 @@ pub fn mark_installed(dir: &Path) -> std::io::Result<()> {
     std::fs::write(dir.join(INSTALLED_MARKER), "installed by Perch; safe to delete from its UI\n")
 }
 
+/// Mark `dir` as downloaded by Perch from hub repository `repo`: the installed id is only the
+/// repository's name, so a later download of another organisation's model of the same name
+/// must be told apart from this one.
+pub fn mark_downloaded(dir: &Path, repo: &str) -> std::io::Result<()> {
+    std::fs::write(
+        dir.join(INSTALLED_MARKER),
+        format!("installed by Perch; safe to delete from its UI\n{SOURCE_LINE}{repo}\n"),
+    )
+}
+
+const SOURCE_LINE: &str = "source: ";
+
+/// The hub repository an installed model was downloaded from (`None`: imported, copied in, or
+/// not Perch's).
+pub fn downloaded_from(dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join(INSTALLED_MARKER)).ok()?;
+    text.lines().find_map(|l| l.strip_prefix(SOURCE_LINE)).map(str::to_string)
+}
+
 /// Whether Perch installed `dir` (and may delete it).
 pub fn installed_by_perch(dir: &Path) -> bool {
     std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir()) && dir.join(INSTALLED_MARKER).is_file()

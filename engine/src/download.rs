@@ -38,6 +38,10 @@ pub enum DownloadError {
     AlreadyRunning(String),
     #[error("a model named `{0}` is already installed")]
     AlreadyInstalled(String),
+    /// The id is taken by a model from elsewhere (another organisation's of the same name, an
+    /// import): pulling must not report the other one as this one.
+    #[error("a model named `{id}` is already installed from {from}, not from `{repo}`: delete it first to download this one")]
+    NameTaken { id: String, from: String, repo: String },
     #[error("repository `{0}` was not found on {1} (or it is private or gated)")]
     NotFound(String, String),
     #[error("`{0}` has no safetensors weights and config.json: not a model Perch can run (GGUF files can be imported instead)")]
@@ -194,9 +198,7 @@ impl Downloads {
             return Err(DownloadError::Insecure(endpoint.to_string()));
         }
         let model_id = repo.split('/').nth(1).unwrap_or(repo).to_string();
-        if models_dir.join(&model_id).exists() {
-            return Err(DownloadError::AlreadyInstalled(model_id));
-        }
+        installed_as(&models_dir.join(&model_id), &model_id, repo)?;
         let revision = revision.filter(|r| !r.is_empty()).unwrap_or("main").to_string();
         if !revision.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
             return Err(DownloadError::BadRepo(format!("{repo}@{revision}")));
@@ -380,14 +382,29 @@ async fn fetch_repo(
         let _ = tokio::fs::remove_file(f).await;
     }
     let target = models_dir.join(&job.model_id);
-    if target.exists() {
-        return Err(DownloadError::AlreadyInstalled(job.model_id.clone()));
-    }
-    crate::catalog::mark_installed(staging).map_err(io(staging))?;
+    installed_as(&target, &job.model_id, &job.repo)?;
+    crate::catalog::mark_downloaded(staging, &job.repo).map_err(io(staging))?;
     tokio::fs::rename(staging, &target).await.map_err(io(&target))?;
     let _ = tokio::fs::remove_dir(models_dir.join(".downloads")).await;
     tracing::info!(repo = %job.repo, dir = %target.display(), "download complete");
     Ok(())
+}
+
+/// Whether `dir` (model id `id`) is free for a download of `repo`: `AlreadyInstalled` when
+/// it holds `repo`'s download, `NameTaken` when it holds anything else.
+fn installed_as(dir: &Path, id: &str, repo: &str) -> Result<(), DownloadError> {
+    if !dir.exists() {
+        return Ok(());
+    }
+    match crate::catalog::downloaded_from(dir) {
+        Some(from) if from == repo => Err(DownloadError::AlreadyInstalled(id.to_string())),
+        from => Err(DownloadError::NameTaken {
+            id: id.to_string(),
+            from: from
+                .map_or_else(|| "elsewhere (an import or a copy)".into(), |f| format!("`{f}`")),
+            repo: repo.to_string(),
+        }),
+    }
 }
 
 /// What the listing says of a file.

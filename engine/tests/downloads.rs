@@ -68,6 +68,12 @@ async fn a_full_download_installs_a_model_that_loads() {
         .unwrap_err()
         .to_string()
         .contains("already installed"));
+    // Another organisation's model of the same name is not this one: refused, not "installed".
+    let e = d.start("someone-else/tiny-qwen3", None, &url, models.path()).unwrap_err();
+    assert!(
+        matches!(&e, perch_engine::download::DownloadError::NameTaken { from, .. } if from.contains(REPO)),
+        "{e}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -68,6 +68,11 @@ async fn pull_installs_with_progress_and_delete_removes() {
     let (code, again) =
         lines(reqwest::Method::POST, &pull, json!({"model": REPO, "stream": false})).await;
     assert_eq!((code, again), (200, vec![json!({"status": "success"})]));
+    // The same name from another organisation is not what is installed.
+    let other = json!({"model": "someone-else/tiny-qwen3"});
+    let (code, e) = lines(reqwest::Method::POST, &pull, other).await;
+    assert_eq!(code, 400, "{e:?}");
+    assert!(e[0]["error"].as_str().unwrap().contains("already installed from"), "{e:?}");
 
     // A repository the hub lacks: an error line in the stream, a 500 without it.
     let (code, missing) =

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::template::{ChatMessage, ChatOptions, ChatTemplate};
+use super::template::{ChatMessage, ChatOptions, ChatTemplate, RenderElsewhere};
 use crate::error::{EngineError, Result};
 use crate::sync::LockExt;
 
@@ -44,6 +44,9 @@ static SANDBOX: OnceLock<Sandbox> = OnceLock::new();
 /// whose `main` calls [`serve_if_asked`] first). Later calls change nothing.
 pub fn install(exe: PathBuf) {
     let _ = SANDBOX.set(Sandbox { exe, idle: Mutex::new(Vec::new()) });
+    if let Some(sandbox) = SANDBOX.get() {
+        super::template::render_elsewhere(sandbox);
+    }
 }
 
 /// [`install`] with this program's own executable (its `main` calls [`serve_if_asked`]).
@@ -54,11 +57,6 @@ pub fn install_self() {
             tracing::warn!(error = %e, "templates render in-process: no path to this program")
         }
     }
-}
-
-/// The sandbox this process renders through, if one is installed.
-pub(crate) fn installed() -> Option<&'static Sandbox> {
-    SANDBOX.get()
 }
 
 /// In a worker (its environment has [`WORKER_ENV`]): bound this process, answer render
@@ -162,10 +160,10 @@ pub(crate) struct Sandbox {
     idle: Mutex<Vec<Worker>>,
 }
 
-impl Sandbox {
+impl RenderElsewhere for Sandbox {
     /// Render in a worker; a worker that dies or runs late is killed and the render is a
     /// template error saying which bound it met.
-    pub(crate) fn render(
+    fn render(
         &self,
         template: &ChatTemplate,
         messages: &[ChatMessage],

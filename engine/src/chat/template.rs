@@ -52,18 +52,37 @@ pub struct ChatTemplate {
     pub eos_token: String,
 }
 
+/// A renderer outside this process: `chat::sandbox`'s worker pool registers itself here, so
+/// the template knows only that one exists, not how it works (and the modules stay acyclic).
+pub(crate) trait RenderElsewhere: Send + Sync {
+    fn render(
+        &self,
+        template: &ChatTemplate,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        options: &ChatOptions,
+    ) -> Result<String>;
+}
+
+static ELSEWHERE: std::sync::OnceLock<&'static dyn RenderElsewhere> = std::sync::OnceLock::new();
+
+/// Render every template of this process through `renderer` from now on (the first call wins).
+pub(crate) fn render_elsewhere(renderer: &'static dyn RenderElsewhere) {
+    let _ = ELSEWHERE.set(renderer);
+}
+
 impl ChatTemplate {
     /// Render `messages` through the model's chat template, ending with the assistant's
     /// turn opened when `add_generation_prompt`: in a bounded worker process where the
-    /// program installed one (`chat::sandbox`), else here.
+    /// program installed one (`chat::sandbox`, through [`render_elsewhere`]), else here.
     pub fn render(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
         options: &ChatOptions,
     ) -> Result<String> {
-        match super::sandbox::installed() {
-            Some(sandbox) => sandbox.render(self, messages, add_generation_prompt, options),
+        match ELSEWHERE.get() {
+            Some(renderer) => renderer.render(self, messages, add_generation_prompt, options),
             None => self.render_here(messages, add_generation_prompt, options),
         }
     }

@@ -267,10 +267,12 @@ async fn start_download(State(sup): S, bytes: Bytes) -> Reply {
     let revision = v.get("revision").and_then(Value::as_str);
     match sup.downloads.start(&repo, revision, &settings.hub_endpoint(), &settings.models_dir()) {
         Ok(job) => Ok((StatusCode::ACCEPTED, Json(job)).into_response()),
-        Err(e @ (DownloadError::AlreadyRunning(_) | DownloadError::AlreadyInstalled(_))) => {
-            Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
-                .code("conflict"))
-        }
+        Err(
+            e @ (DownloadError::AlreadyRunning(_)
+            | DownloadError::AlreadyInstalled(_)
+            | DownloadError::NameTaken { .. }),
+        ) => Err(ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
+            .code("conflict")),
         Err(e) => Err(ApiError::invalid("repo", e.to_string())),
     }
 }

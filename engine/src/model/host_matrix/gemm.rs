@@ -49,14 +49,64 @@ fn sgemm() -> Option<Sgemm> {
     *FOUND.get_or_init(|| {
         // SAFETY: dlsym with RTLD_DEFAULT searches the libraries already loaded; the name is
         // a NUL-terminated literal. A non-null result is cblas_sgemm, whose C signature is
-        // the `Sgemm` type above (32-bit integers: Debian's libopenblas0, not libopenblas64).
+        // the `Sgemm` type above (32-bit integers, checked below: an ILP64 build is refused).
         let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"cblas_sgemm".as_ptr()) };
         if f.is_null() {
             tracing::info!("cblas_sgemm not found: products of many vectors read the f32 weights");
             return None;
         }
+        if let Some(why) = wide_integers(openblas_config().as_deref(), library_of(f).as_deref()) {
+            // Called with 32-bit sizes, a 64-bit-integer BLAS reads garbage in their upper
+            // halves: the f32 weights serve these products instead.
+            tracing::warn!("cblas_sgemm takes 64-bit integers ({why}): not used");
+            return None;
+        }
         Some(unsafe { std::mem::transmute::<*mut libc::c_void, Sgemm>(f) })
     })
+}
+
+/// Why the loaded BLAS takes 64-bit integers (an ILP64 build), or `None` for the 32-bit
+/// interface the `Sgemm` type declares. OpenBLAS says so in its build configuration
+/// (`USE64BITINT`); other BLASes are known by their library's name (`libopenblas64`,
+/// `libblas64`, `mkl_intel_ilp64`, ...).
+pub(crate) fn wide_integers(
+    openblas_config: Option<&str>,
+    library: Option<&str>,
+) -> Option<String> {
+    if let Some(config) = openblas_config.filter(|c| c.contains("USE64BITINT")) {
+        return Some(format!("OpenBLAS built with USE64BITINT: {config}"));
+    }
+    let name = library?.rsplit('/').next()?.to_ascii_lowercase();
+    let wide =
+        ["blas64", "ilp64", "lapack64"].iter().any(|m| name.contains(m)) || name.contains("64_");
+    wide.then(|| format!("library {name}"))
+}
+
+/// OpenBLAS's build configuration, if OpenBLAS is loaded.
+fn openblas_config() -> Option<String> {
+    // SAFETY: as in `sgemm`; `openblas_get_config` takes nothing and returns a pointer to a
+    // static NUL-terminated string.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"openblas_get_config".as_ptr()) };
+    if f.is_null() {
+        return None;
+    }
+    let get = unsafe {
+        std::mem::transmute::<*mut libc::c_void, extern "C" fn() -> *const libc::c_char>(f)
+    };
+    let text = get();
+    (!text.is_null())
+        .then(|| unsafe { std::ffi::CStr::from_ptr(text) }.to_string_lossy().into_owned())
+}
+
+/// The file of the loaded library that holds `symbol`.
+fn library_of(symbol: *mut libc::c_void) -> Option<String> {
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr only reads the loader's tables and fills `info`; dli_fname, when set,
+    // points at a NUL-terminated path owned by the loader.
+    if unsafe { libc::dladdr(symbol, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    Some(unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_string_lossy().into_owned())
 }
 
 /// Whether products of more than `FEW` vectors can run here.

@@ -176,3 +176,18 @@ fn a_vector_s_product_is_the_same_whatever_the_vectors_beside_it() {
         check(&quantized(rows, cols, block, levels, affine), rows, cols, 4, block);
     }
 }
+
+#[test]
+fn a_blas_with_64_bit_integers_is_refused() {
+    use gemm::wide_integers;
+    let debian = "OpenBLAS 0.3.21 NO_AFFINITY SKYLAKEX MAX_THREADS=64";
+    let ilp64 = "OpenBLAS 0.3.21 USE64BITINT NO_AFFINITY SKYLAKEX MAX_THREADS=64";
+    let pthread = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3";
+    assert_eq!(wide_integers(Some(debian), Some(pthread)), None);
+    assert!(wide_integers(Some(ilp64), Some(pthread)).unwrap().contains("USE64BITINT"));
+    let by_name = "/usr/lib/x86_64-linux-gnu/openblas64-pthread/libopenblas64.so.0";
+    assert!(wide_integers(None, Some(by_name)).unwrap().contains("libopenblas64"));
+    assert!(wide_integers(None, Some("/opt/intel/libmkl_intel_ilp64.so")).is_some());
+    assert_eq!(wide_integers(None, Some("/usr/lib/libblas.so.3")), None);
+    assert_eq!(wide_integers(None, None), None);
+}
