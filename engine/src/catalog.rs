@@ -13,17 +13,16 @@ pub const INSTALLED_MARKER: &str = ".perch-installed";
 
 /// Mark `dir` as installed by Perch.
 pub fn mark_installed(dir: &Path) -> std::io::Result<()> {
-    std::fs::write(dir.join(INSTALLED_MARKER), "installed by Perch; safe to delete from its UI\n")
+    std::fs::write(dir.join(INSTALLED_MARKER), MARKER_TEXT)
 }
+
+const MARKER_TEXT: &str = "installed by Perch; safe to delete from its UI\n";
 
 /// Mark `dir` as downloaded by Perch from hub repository `repo`: the installed id is only the
 /// repository's name, so a later download of another organisation's model of the same name
 /// must be told apart from this one.
 pub fn mark_downloaded(dir: &Path, repo: &str) -> std::io::Result<()> {
-    std::fs::write(
-        dir.join(INSTALLED_MARKER),
-        format!("installed by Perch; safe to delete from its UI\n{SOURCE_LINE}{repo}\n"),
-    )
+    std::fs::write(dir.join(INSTALLED_MARKER), format!("{MARKER_TEXT}{SOURCE_LINE}{repo}\n"))
 }
 
 const SOURCE_LINE: &str = "source: ";

@@ -401,7 +401,7 @@ fn installed_as(dir: &Path, id: &str, repo: &str) -> Result<(), DownloadError> {
         from => Err(DownloadError::NameTaken {
             id: id.to_string(),
             from: from
-                .map_or_else(|| "elsewhere (an import or a copy)".into(), |f| format!("`{f}`")),
+                .map_or_else(|| "a source Perch did not record (an import, a copy, or a download made before Perch recorded sources)".into(), |f| format!("`{f}`")),
             repo: repo.to_string(),
         }),
     }
