@@ -23,7 +23,9 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{compare_greedy, run_python, GreedyReference, LLAMA_CPP_PLAIN};
+use common::{
+    compare_greedy, compare_greedy_as, run_python, Decoding, GreedyReference, LLAMA_CPP_PLAIN,
+};
 use mlx_rs::Array;
 use perch_engine::gguf::import::{import, ImportOptions, Quantize, StoreDtype};
 use perch_engine::LoadedModel;
@@ -164,6 +166,13 @@ fn gemma_matches_llama_cpp() {
     let (ties, wrong, compared) = compare_greedy(&model, &refs, "llama.cpp", NEAR_TIE);
     println!("{compared} positions: {ties} near-tie departures, {wrong} real disagreements");
     assert_eq!(wrong, 0, "Perch departs from llama.cpp where llama.cpp's logits are no near-tie");
+    // The same prompts decoded together in one batch (docs/runtime.md §2), joining one a step
+    // and prefilled 8 tokens a step between the others' decode steps (these prompts are
+    // shorter than the served budget of 64): the same rule holds for every sequence.
+    let batched = Decoding::Batched { budget: 8 };
+    let (ties, wrong, _) = compare_greedy_as(&model, &refs, "llama.cpp", NEAR_TIE, batched);
+    println!("batched: {ties} near-tie departures, {wrong} real disagreements");
+    assert_eq!(wrong, 0, "batched, Perch departs from llama.cpp where it is no near-tie");
 
     // The same check fails on a model with one plausible import bug: layer 3's post-attention
     // norm read without Gemma's `1 +` (weight w used as 1 + w - 1). A uniform scale on the

@@ -5,6 +5,7 @@ mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use common::batch::{run_batch, Job};
 use common::*;
 use perch_engine::{generate, FinishReason, GenerateParams, SamplingParams};
 
@@ -180,68 +181,6 @@ fn cancellation_ends_within_one_step() {
             .unwrap();
     assert_eq!(out.finish_reason, FinishReason::Cancelled);
     assert!(out.tokens.len() <= 1);
-}
-
-/// One sequence of a batch test: its prompt, settings, the step it joins at, and the step
-/// its client cancels at.
-struct Job {
-    prompt: Vec<u32>,
-    params: GenerateParams,
-    joins_at: usize,
-    cancel_at: Option<usize>,
-}
-
-/// Run `jobs` through `decode::batch` with `budget` tokens a step, joining and cancelling as
-/// each says: each one's generation and the text its callback saw.
-fn run_batch(
-    model: &perch_engine::LoadedModel,
-    jobs: &[Job],
-    budget: usize,
-) -> Vec<(perch_engine::Generation, String)> {
-    use perch_engine::decode::batch::{step, Sequence};
-    use std::sync::{Arc, Mutex};
-    let texts: Vec<Arc<Mutex<String>>> = jobs.iter().map(|_| Arc::default()).collect();
-    let cancels: Vec<Arc<AtomicBool>> = jobs.iter().map(|_| Arc::default()).collect();
-    let mut seqs: Vec<Option<Sequence>> = jobs.iter().map(|_| None).collect();
-    let mut done: Vec<Option<perch_engine::Generation>> = jobs.iter().map(|_| None).collect();
-    for n in 0..10_000 {
-        for (i, job) in jobs.iter().enumerate() {
-            if job.joins_at == n {
-                let text = texts[i].clone();
-                let on_piece =
-                    Box::new(move |t: &str, _: &[perch_engine::decode::TokenLogprob]| {
-                        text.lock().unwrap().push_str(t)
-                    });
-                let s = Sequence::new(
-                    model,
-                    job.prompt.clone(),
-                    job.params.clone(),
-                    None,
-                    cancels[i].clone(),
-                    on_piece,
-                );
-                seqs[i] = Some(s.unwrap());
-            }
-            if job.cancel_at == Some(n) {
-                cancels[i].store(true, Ordering::Relaxed);
-            }
-        }
-        let mut live: Vec<&mut Sequence> = seqs.iter_mut().flatten().collect();
-        if !live.is_empty() {
-            step(model, &mut live, budget).unwrap();
-        }
-        for i in 0..jobs.len() {
-            if seqs[i].as_ref().is_some_and(|s| s.ended()) {
-                let (g, _, _) = seqs[i].take().unwrap().finish();
-                done[i] = Some(g.unwrap());
-            }
-        }
-        if done.iter().all(Option::is_some) {
-            let texts = texts.iter().map(|t| t.lock().unwrap().clone());
-            return done.into_iter().map(Option::unwrap).zip(texts).collect();
-        }
-    }
-    panic!("the batch never finished");
 }
 
 #[test]

@@ -3,8 +3,8 @@
 //! the GGUF's own chat template and tokenizes equals the one llama.cpp tokenizes from jinja2's
 //! rendering of that template (as transformers renders it, scripts/render_templates.py), and
 //! 16 greedy tokens per chat agree under teacher forcing except at near-ties of both
-//! (`common::compare_greedy`, the rule gemma_vs_peers.rs explains). Perch imports the GGUF
-//! dequantized (f32).
+//! (`common::compare_greedy`, the rule gemma_vs_peers.rs explains), decoded alone and again
+//! all together in one batch. Perch imports the GGUF dequantized (f32).
 //!
 //! Needs scripts/fetch-qwen-gguf and scripts/setup-peers; skipped with a notice without them,
 //! except under CI.
@@ -13,9 +13,13 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{compare_greedy, import_as, run_python, GreedyReference, LLAMA_CPP_PLAIN};
+use common::{
+    compare_greedy, compare_greedy_as, import_as, run_python, Decoding, GreedyReference,
+    LLAMA_CPP_PLAIN,
+};
 use perch_engine::chat::ChatOptions;
 use perch_engine::gguf::import::StoreDtype;
+use perch_engine::runtime::batch::STEP_TOKENS;
 use serde_json::{json, Value};
 
 /// As for Gemma: above llama.cpp's activation-quantization noise, below a broken model's gaps.
@@ -126,4 +130,11 @@ fn qwen_prompts_and_answers_match_llama_cpp() {
     let (ties, wrong, compared) = compare_greedy(&model, &refs, "llama.cpp", NEAR_TIE);
     println!("llama.cpp: {compared} positions, {ties} near-tie departures, {wrong} others");
     assert_eq!(wrong, 0, "Perch departs from llama.cpp where llama.cpp's logits are no near-tie");
+    // The same chats decoded together in one batch, as the server steps them (docs/runtime.md
+    // §2: one joining a step, prompts prefilled in the served budget between the others'
+    // decode steps): every sequence keeps to the same rule.
+    let batched = Decoding::Batched { budget: STEP_TOKENS };
+    let (ties, wrong, _) = compare_greedy_as(&model, &refs, "llama.cpp", NEAR_TIE, batched);
+    println!("batched: {ties} near-tie departures, {wrong} others");
+    assert_eq!(wrong, 0, "batched, Perch departs from llama.cpp where it is no near-tie");
 }

@@ -6,6 +6,8 @@ pub mod anthropic;
 pub(crate) mod body;
 pub mod error;
 mod exchange;
+#[cfg(test)]
+mod fuzz_tests;
 pub mod guard;
 mod ids;
 pub mod metrics;

@@ -2,6 +2,7 @@
 //! and (`serve`) the one way to run a server and speak HTTP to it.
 #![allow(dead_code, unused_imports)]
 
+pub mod batch;
 pub mod hub;
 pub mod peers;
 pub mod serve;

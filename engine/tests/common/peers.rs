@@ -42,6 +42,14 @@ pub struct GreedyReference {
     pub top: Vec<TopTokens>,
 }
 
+/// How Perch decodes the continuations it compares: one at a time (`generate`), or all of a
+/// comparison's prompts together in one batch (`decode::batch`, this many tokens a step).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Decoding {
+    Solo,
+    Batched { budget: usize },
+}
+
 /// Perch's departures from each reference, split into near-ties and real disagreements
 /// (printed as they are found); returns (near-ties, disagreements, positions compared).
 pub fn compare_greedy(
@@ -50,12 +58,32 @@ pub fn compare_greedy(
     peer: &str,
     near_tie: f64,
 ) -> (usize, usize, usize) {
+    compare_greedy_as(model, refs, peer, near_tie, Decoding::Solo)
+}
+
+/// `compare_greedy`, Perch decoding as `decoding` says.
+pub fn compare_greedy_as(
+    model: &LoadedModel,
+    refs: &[GreedyReference],
+    peer: &str,
+    near_tie: f64,
+    decoding: Decoding,
+) -> (usize, usize, usize) {
+    let all = match decoding {
+        Decoding::Solo => {
+            refs.iter().map(|r| greedy_departures(model, &r.ids, &r.greedy)).collect()
+        }
+        Decoding::Batched { budget } => {
+            let prompts: Vec<Vec<u32>> = refs.iter().map(|r| r.ids.clone()).collect();
+            let greedy: Vec<Vec<u32>> = refs.iter().map(|r| r.greedy.clone()).collect();
+            super::batch::batched_departures(model, &prompts, &greedy, budget)
+        }
+    };
     let (mut ties, mut wrong, mut compared) = (0, 0, 0);
-    for r in refs {
-        let departures = greedy_departures(model, &r.ids, &r.greedy);
+    for (r, departures) in refs.iter().zip(all) {
         compared += r.greedy.len();
         println!(
-            "{}: {}/{} tokens as {peer}'s",
+            "{}: {}/{} tokens as {peer}'s ({decoding:?})",
             r.label,
             r.greedy.len() - departures.len(),
             r.greedy.len()
