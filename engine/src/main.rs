@@ -189,9 +189,13 @@ enum Command {
         /// A scenario instead: `first-request` (TTFT of a request 0.5 s after start with the
         /// warmup ladder on vs off; decode rate after the ladder vs cold), `constrained`
         /// (decode under a JSON schema vs without, and the grammar's mask cost per token;
-        /// --decode-tokens bounds the answer, at least 256).
+        /// --decode-tokens bounds the answer, at least 256), `batch` (one decode step of 1, 2,
+        /// 4 and 8 sequences at once: step time and aggregate rate; --decode-tokens steps).
         #[arg(long)]
         scenario: Option<String>,
+        /// For `--scenario batch`: the batch sizes to time.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+        batch_sizes: Vec<usize>,
     },
 }
 
@@ -513,7 +517,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 }
             }
         }
-        Command::Bench { model, runs, decode_tokens, json, draft, prompt, scenario } => {
+        Command::Bench {
+            model,
+            runs,
+            decode_tokens,
+            json,
+            draft,
+            prompt,
+            scenario,
+            batch_sizes,
+        } => {
             if scenario.as_deref() == Some("constrained") {
                 let model = load(model, &dir)?;
                 let r = bench::constrained::run(&model, runs, decode_tokens.max(256))?;
@@ -523,10 +536,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string(&r)?);
                 return Ok(());
             }
+            if scenario.as_deref() == Some("batch") {
+                let model = load(model, &dir)?;
+                let r = bench::batch::run(&model, &batch_sizes, decode_tokens.clamp(8, 256))?;
+                if !json {
+                    print!("{}", r.table());
+                }
+                println!("{}", serde_json::to_string(&r)?);
+                return Ok(());
+            }
             if let Some(scenario) = scenario {
                 anyhow::ensure!(
                     scenario == "first-request",
-                    "unknown scenario `{scenario}` (first-request, constrained)"
+                    "unknown scenario `{scenario}` (first-request, constrained, batch)"
                 );
                 let spec = model.unwrap_or_else(|| DEFAULT_MODEL_ID.to_string());
                 let config = perch_engine::runtime::EngineConfig {

@@ -3,16 +3,18 @@
 //! the same weights. The fixtures' random weights have no exact 8-bit copy, so each fixture is
 //! copied with its projection matrices rounded to an 8-bit affine grid per block of 32 (as GGUF
 //! imports are); then the prefill's and every decode step's logits with the host path must
-//! equal those with it switched off (`PERCH_NO_HOST_HEAD`) up to summation order.
+//! equal those with it switched off (`PERCH_NO_HOST_HEAD`) up to summation order, and
+//! sequences decoded together in a batch on the host path equal their solo runs.
 //! One test in its own binary: it sets the switch for the process.
 
 mod common;
 
+use common::batch::{run_batch, Job};
 use common::*;
 use mlx_rs::transforms::value_and_grad_with_argnums;
 use mlx_rs::Array;
 use perch_engine::train::trainer::masked_loss;
-use perch_engine::LoadedModel;
+use perch_engine::{GenerateParams, LoadedModel};
 
 /// The prompt's logits at every position (one prefill: many vectors per product), then the
 /// logits of each one-token step after it, feeding `tokens` in turn.
@@ -118,6 +120,28 @@ fn the_host_path_equals_mlx_on_every_architecture() {
             // Equal up to summation order (a prefill's sgemm over the widened copy can be
             // bit-identical to MLX's over the same values).
             assert!(worst < 1e-4, "{name} {part}: {worst:.2e}");
+        }
+        // A batch's decode steps take the host path too (a few rows, one per sequence, up to
+        // six here: the copies' loop four vectors at a time, then two): each sequence decodes
+        // token for token as it does alone.
+        let params = |n| GenerateParams {
+            max_tokens: n,
+            ignore_eos: true,
+            prefill_chunk: 5,
+            ..Default::default()
+        };
+        let jobs: Vec<Job> = (0..6)
+            .map(|i| Job {
+                prompt: prompt[i * 3..].to_vec(),
+                params: params(10 + i),
+                joins_at: i,
+                cancel_at: None,
+            })
+            .collect();
+        let batch = run_batch(&host, &jobs, 9);
+        for (i, (job, (got, _))) in jobs.iter().zip(&batch).enumerate() {
+            let want = perch_engine::generate(&host, &job.prompt, &job.params, None, |_| {});
+            assert_eq!(got.tokens, want.unwrap().tokens, "{name}: sequence {i} batched");
         }
     }
 }

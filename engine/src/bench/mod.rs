@@ -1,6 +1,7 @@
 //! `perch bench`: prefill and decode speed, time to first token and peak memory, measured
 //! through the same `generate` path users hit.
 
+pub mod batch;
 pub mod constrained;
 
 use serde::Serialize;
@@ -289,4 +290,10 @@ impl BenchReport {
             mb(self.peak_rss_bytes)
         )
     }
+}
+
+/// The passage's first sentences: a prompt of about a hundred tokens.
+pub(crate) fn prompt_head() -> &'static str {
+    let end = PASSAGE.char_indices().nth(400).map_or(PASSAGE.len(), |(i, _)| i);
+    &PASSAGE[..end]
 }

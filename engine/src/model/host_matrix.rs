@@ -22,7 +22,7 @@ use crate::error::{EngineError, Result};
 
 mod gemm;
 mod store;
-pub(crate) use gemm::{available as sgemm_available, sgemm_rows, Rows};
+pub(crate) use gemm::{available as sgemm_available, sgemm_rows, Rows, FEW};
 pub use store::HostStore;
 
 /// Whether the host path may be used at all in this process (CPU backend, not switched off).
@@ -130,6 +130,10 @@ impl HostMatrix {
             None => tracing::debug!("no exact host copy of a {rows}x{cols} matrix: MLX keeps it"),
         }
         Ok(found)
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
     }
 
     pub fn cols(&self) -> usize {

@@ -7,7 +7,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 
 use super::host_attention;
-use super::host_matrix::HostMatrix;
+use super::host_matrix::{self, HostMatrix};
 use super::host_step;
 use super::linear::{Embedding, Linear};
 use super::weights::Weights;
@@ -51,7 +51,10 @@ impl RmsNorm {
                 self.host.get_or_init(|| w)
             }
         };
-        Ok(host_step::rms_norm(x, weight, self.eps))
+        // Row by row (a batch's decode step has one per sequence), each normed alone.
+        Ok(x.chunks(weight.len())
+            .flat_map(|row| host_step::rms_norm(row, weight, self.eps))
+            .collect())
     }
 }
 
@@ -386,9 +389,13 @@ impl Mlp {
         }
     }
 
-    /// The host copies, when `x` is one vector they can take.
+    /// The host copies, when `x` is as many vectors as they take directly (a decode step's,
+    /// one per sequence of the batch).
     fn host_for(&self, x: &Array, lora: Option<&LayerLora>) -> Option<(&HostMatrix, &HostMatrix)> {
-        self.host_pair(lora).filter(|(gate_up, _)| x.size() == gate_up.cols() && gate_up.takes(x))
+        self.host_pair(lora).filter(|(gate_up, _)| {
+            let cols = gate_up.cols();
+            x.size().is_multiple_of(cols) && x.size() / cols <= host_matrix::FEW && gate_up.takes(x)
+        })
     }
 
     /// Whether `x` is one vector this MLP takes on the host: the block around it may then
@@ -424,12 +431,19 @@ impl Mlp {
         Self::host_values(self.gelu, gate_up, down, x)
     }
 
-    /// One vector through the whole MLP on the host (CPU backend, decode steps): one hand-over
-    /// from MLX and back instead of two, and no MLX operations between the products.
+    /// A few vectors through the whole MLP on the host (CPU backend, decode steps): one
+    /// hand-over from MLX and back instead of two, and no MLX operations between the products.
     fn host_values(gelu: bool, gate_up: &HostMatrix, down: &HostMatrix, x: &[f32]) -> Vec<f32> {
         let gu = gate_up.product(x);
-        let (gate, up) = gu.split_at(gu.len() / 2);
-        down.product(&host_step::gated(gelu, gate, up))
+        // Each vector's gate then up (the fused matrix's rows), vector after vector.
+        let mid: Vec<f32> = gu
+            .chunks(gate_up.rows())
+            .flat_map(|v| {
+                let (gate, up) = v.split_at(v.len() / 2);
+                host_step::gated(gelu, gate, up)
+            })
+            .collect();
+        down.product(&mid)
     }
 }
 

@@ -14,8 +14,11 @@ use std::sync::OnceLock;
 
 use super::{pool, HostMatrix};
 
-/// Up to this many vectors a product reads the 8-bit copy directly.
-pub const FEW: usize = 4;
+/// Up to this many vectors a product reads the 8-bit copy directly (four at a time). Eight is
+/// a full batch's decode step: through sgemm (widening, OpenBLAS's packing, its threads'
+/// yields on two cores) eight Qwen2.5-0.5B sequences took 410 ms a step, through the copy's
+/// own loop 269 ms (`perch bench --scenario batch`, 2-core Xeon).
+pub const FEW: usize = 8;
 
 /// Weights widened per band: 4 MiB of f32, so a band stays in cache between its widening and
 /// the sgemm that reads it.
