@@ -5,17 +5,15 @@ then its peak RSS (VmHWM), its RSS, and the bytes its prefix cache wrote to disk
 line per length, then the growth against the first length. Usage:
   prefill_memory.py PERCH_BINARY "1024 2048 4096 8192"
 """
-import http.client, json, os, re, subprocess, sys, tempfile, time
+import http.client, json, os, sys, tempfile, time
 from pathlib import Path
+
+import perch_serve
 
 perch, lengths = sys.argv[1], [int(n) for n in " ".join(sys.argv[2:]).split()]
 passage = (Path(__file__).resolve().parents[2] / "engine/src/runtime/passage.txt").read_text().split()
 
-def status(pid, key):
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) / 1024
-    return 0.0
+status = perch_serve.status_mb
 
 rows = []
 for n in lengths:
@@ -26,16 +24,8 @@ for n in lengths:
         if copies.is_dir():
             os.symlink(copies, Path(cache) / "host-copies")
         env = dict(os.environ, PERCH_CACHE_DIR=cache)
-        proc = subprocess.Popen(
-            [perch, "serve", "--model", "gemma-3-270m", "--port", "0", "--log-dir", "none",
-             "--ladder", "off", "--no-load-warmup"], stderr=subprocess.PIPE, text=True, env=env)
-        port = None
-        for line in proc.stderr:
-            m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                port = int(m.group(1))
-                break
-        assert port, "perch serve did not start"
+        proc, port = perch_serve.start(perch, "serve", "--model", "gemma-3-270m", "--log-dir", "none",
+                                       "--ladder", "off", "--no-load-warmup", env=env)
         # Gemma's tokenizer makes about 1.3 tokens of this passage's words.
         words = " ".join(passage[i % len(passage)] for i in range(int(n / 1.3)))
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=900)

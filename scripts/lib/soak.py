@@ -10,7 +10,9 @@ at the start and the end, the training runs started, and how the server exited o
 Usage:
   soak.py PERCH_BINARY MODELS_DIR [--seconds 1800] [--clients 8]
 """
-import argparse, http.client, json, os, random, re, signal, subprocess, sys, threading, time
+import argparse, http.client, json, os, random, signal, subprocess, sys, threading, time
+
+import perch_serve
 
 ap = argparse.ArgumentParser()
 ap.add_argument("perch")
@@ -19,23 +21,12 @@ ap.add_argument("--seconds", type=float, default=1800)
 ap.add_argument("--clients", type=int, default=8)
 a = ap.parse_args()
 
-proc = subprocess.Popen(
-    [a.perch, "--models-dir", a.models, "serve", "--model", "qwen3", "--port", "0",
-     "--log-dir", "none", "--idle-grace", "0.5", "--max-queue", "16"],
-    stderr=subprocess.PIPE, text=True)
-port = None
-for line in proc.stderr:
-    m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-    if m:
-        port = int(m.group(1))
-        break
-assert port, "perch serve did not start"
-threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
+proc, port = perch_serve.start(
+    a.perch, "--models-dir", a.models, "serve", "--model", "qwen3", "--log-dir", "none",
+    "--idle-grace", "0.5", "--max-queue", "16")
 
 def rss_mb():
-    for l in open(f"/proc/{proc.pid}/status"):
-        if l.startswith("VmRSS:"):
-            return int(l.split()[1]) / 1024
+    return perch_serve.status_mb(proc.pid, "VmRSS:")
 
 MODELS = ["qwen3", "qwen3-mtp"]
 ENCODER = "all-minilm-l6-v2"
