@@ -33,8 +33,8 @@ fn venv() -> Option<PathBuf> {
     Some(python)
 }
 
-/// The fixture `qwen3` served with drafts on (prompt lookup for this model, one request at a
-/// time: a batch uses no drafts): the clients must not be able to tell.
+/// The fixture `qwen3` served with drafts on (prompt lookup for this model) by the solo
+/// engine, one request at a time: the clients must not be able to tell.
 async fn start(config: ServeConfig, max_queue: usize, cap: Option<usize>) -> Server {
     let engine = EngineConfig {
         draft: "auto".into(),

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use common::batch::{run_batch, Job};
 use common::*;
+use perch_engine::decode::DraftMode;
 use perch_engine::{generate, FinishReason, GenerateParams, SamplingParams};
 
 fn params(max_tokens: usize, sampling: SamplingParams) -> GenerateParams {
@@ -270,5 +271,68 @@ fn a_sequence_cancelled_mid_batch_leaves_the_others_as_they_were() {
     for i in [0, 3] {
         let want = generate(&model, &jobs[i].prompt, &jobs[i].params, None, |_| {}).unwrap();
         assert_eq!(batch[i].0.tokens, want.tokens, "sequence {i}");
+    }
+}
+
+#[test]
+fn a_sequence_alone_in_the_batch_drafts_by_prompt_lookup() {
+    // Alone, a batch's sequence verifies prompt-lookup drafts round for round as a solo
+    // generation does; beside another it decodes one token a step, and drafts again once
+    // alone. Greedy output stays the solo run's either way.
+    let lookup = DraftMode::Lookup { min_ngram: 1, max_ngram: 3, max_draft: 6 };
+    for name in ["llama", "qwen3", "gemma3"] {
+        let model = load_fixture(name);
+        let g = golden(name);
+        // The prompt repeats its own start, so lookup has something to draft from.
+        let prompt: Vec<u32> =
+            g.prompt_ids.iter().chain(&g.prompt_ids[..g.prompt_ids.len() / 2]).copied().collect();
+        let p = |n, draft: DraftMode| GenerateParams {
+            prefill_chunk: 5,
+            draft,
+            ..params(n, SamplingParams::greedy())
+        };
+        let solo = generate(&model, &prompt, &p(40, lookup.clone()), None, |_| {}).unwrap();
+        let alone = vec![Job {
+            prompt: prompt.clone(),
+            params: p(40, lookup.clone()),
+            joins_at: 0,
+            cancel_at: None,
+        }];
+        let (got, streamed) = run_batch(&model, &alone, 9).remove(0);
+        assert_eq!(got.tokens, solo.tokens, "{name}: alone, the batch differs from solo lookup");
+        assert_eq!(streamed, solo.text, "{name}");
+        let (want, stats) = (solo.draft.unwrap(), got.draft.expect("{name}: no draft statistics"));
+        assert_eq!(stats.verify_calls, want.verify_calls, "{name}: rounds");
+        assert_eq!(stats.drafted_by_depth, want.drafted_by_depth, "{name}");
+        assert_eq!(stats.accepted_by_depth, want.accepted_by_depth, "{name}");
+        assert!(stats.drafted_by_depth.iter().sum::<usize>() > 0, "{name}: nothing drafted");
+
+        // A plain sequence joins at step 3 and leaves after 6 tokens.
+        let jobs = vec![
+            Job {
+                prompt: prompt.clone(),
+                params: p(40, lookup.clone()),
+                joins_at: 0,
+                cancel_at: None,
+            },
+            Job {
+                prompt: g.prompt_ids.clone(),
+                params: p(6, DraftMode::None),
+                joins_at: 3,
+                cancel_at: None,
+            },
+        ];
+        let batch = run_batch(&model, &jobs, 9);
+        let plain = generate(&model, &prompt, &p(40, DraftMode::None), None, |_| {}).unwrap();
+        assert_eq!(batch[0].0.tokens, plain.tokens, "{name}: the drafting sequence");
+        let want = generate(&model, &jobs[1].prompt, &jobs[1].params, None, |_| {}).unwrap();
+        assert_eq!(batch[1].0.tokens, want.tokens, "{name}: the plain one beside it");
+        let stats = batch[0].0.draft.clone().unwrap();
+        let accepted: usize = stats.accepted_by_depth.iter().sum();
+        assert!(
+            stats.verify_calls + accepted < batch[0].0.tokens.len(),
+            "{name}: every token came from a lookup round, none from the shared steps"
+        );
+        assert!(stats.verify_calls > 4, "{name}: it never drafted again once alone");
     }
 }

@@ -513,7 +513,7 @@ async fn logprobs_and_json_mode() {
 async fn a_constrained_turn_says_its_drafts_are_off() {
     // Prompt lookup on: a plain turn drafts; a constrained one decodes token by token, and
     // the response header says so.
-    // (A solo engine: a batch uses no drafts, and says so the same way, tested below.)
+    // (A solo engine; a batched one is tested below.)
     let engine = EngineConfig {
         draft: "lookup".into(),
         max_batch: 1,
@@ -535,20 +535,26 @@ async fn a_constrained_turn_says_its_drafts_are_off() {
         let why = r.headers().get("x-perch-drafts").map(|v| v.to_str().unwrap().to_string());
         assert!(why.as_deref().is_some_and(|w| w.starts_with("drafts off: ")), "{extra}: {why:?}");
     }
-    // A batched engine (max_batch above 1) decodes every turn without drafts, and says so.
-    let batched =
-        EngineConfig { draft: "lookup".into(), ..engine_config(&fixtures_models(), "qwen3") };
-    let s3 = serve(batched, ServeConfig::default()).await;
-    let r = client()
-        .post(format!("{}/v1/chat/completions", s3.url()))
-        .json(&chat_body(json!({})))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let why = r.headers().get("x-perch-drafts").map(|v| v.to_str().unwrap().to_string());
-    assert!(why.as_deref().is_some_and(|w| w.contains("batched")), "{why:?}");
-    s3.shutdown().await;
+    // A batched engine (max_batch above 1) keeps prompt lookup (a sequence drafts while it
+    // decodes alone) and decodes MTP turns without their drafts, and says so.
+    for (model, draft, off) in [("qwen3", "lookup", false), ("qwen3-mtp", "mtp", true)] {
+        let batched =
+            EngineConfig { draft: draft.into(), ..engine_config(&fixtures_models(), model) };
+        let s3 = serve(batched, ServeConfig::default()).await;
+        let r = client()
+            .post(format!("{}/v1/chat/completions", s3.url()))
+            .json(&chat_body(json!({"model": model})))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{model}");
+        let why = r.headers().get("x-perch-drafts").map(|v| v.to_str().unwrap().to_string());
+        match off {
+            true => assert!(why.as_deref().is_some_and(|w| w.contains("batched")), "{why:?}"),
+            false => assert!(why.is_none(), "{model}: {why:?}"),
+        }
+        s3.shutdown().await;
+    }
     // Drafts off for the model: nothing to report.
     let s2 = serve(engine_config(&fixtures_models(), "qwen3"), ServeConfig::default()).await;
     let r = client()

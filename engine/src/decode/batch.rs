@@ -14,12 +14,13 @@ use mlx_rs::transforms::eval;
 use mlx_rs::Array;
 
 use super::common::{
-    begin, cancelled_early, host_u32, BatchShare, Begin, DraftMode, Ended, GenerateParams, Marks,
-    Request, TokenLogprob,
+    begin, cancelled_early, host_u32, BatchShare, Begin, DraftMode, DraftStats, Ended,
+    GenerateParams, Marks, Request, TokenLogprob,
 };
 use super::guided::Guide;
 use super::output::OutputCore;
 use super::sampler::Sampler;
+use super::speculative::{lookup_draft, lookup_round, next_draft_len};
 use crate::error::{EngineError, Result};
 use crate::model::kv_cache::{KvCache, KvState};
 use crate::model::LoadedModel;
@@ -53,6 +54,20 @@ pub struct Sequence {
     steps: usize,
     beside: usize,
     most: usize,
+    /// Prompt lookup, used in the steps where it decodes alone.
+    lookup: Option<Lookup>,
+    max_tokens: usize,
+}
+
+/// A sequence's prompt-lookup drafts: its settings, the last round's drafted and accepted
+/// counts (the next round's length follows them; none before the first, whose round drafts
+/// nothing, as a solo generation's first), and what every round did.
+struct Lookup {
+    min_ngram: usize,
+    max_ngram: usize,
+    max_draft: usize,
+    last: Option<(usize, usize)>,
+    stats: DraftStats,
 }
 
 /// What one step did, for the scheduler's metrics.
@@ -65,9 +80,9 @@ pub struct StepRows {
 }
 
 impl Sequence {
-    /// A generation of `prompt` that may start from `from` (a prefix-cache hit). Plain and
-    /// guided decoding only: drafts verify several tokens of one sequence per pass, which a
-    /// batch does not do (the runtime turns them off above a batch of one, and says so).
+    /// A generation of `prompt` that may start from `from` (a prefix-cache hit). Plain,
+    /// guided, or with prompt-lookup drafts, which it verifies in the steps where it decodes
+    /// alone (a batch step gives each sequence one row; MTP's head is the solo engine's).
     pub fn new(
         model: &LoadedModel,
         prompt: Vec<u32>,
@@ -76,9 +91,17 @@ impl Sequence {
         cancel: Arc<AtomicBool>,
         on_piece: OnPiece,
     ) -> Result<Sequence> {
-        if params.draft != DraftMode::None {
-            return Err(EngineError::Internal("a batched sequence was given drafts".into()));
-        }
+        let lookup = match params.draft {
+            DraftMode::None => None,
+            DraftMode::Lookup { min_ngram, max_ngram, max_draft } => {
+                params.draft.validate(model)?;
+                let stats = DraftStats { mode: "lookup".into(), ..Default::default() };
+                Some(Lookup { min_ngram, max_ngram, max_draft, last: None, stats })
+            }
+            DraftMode::Mtp { .. } => {
+                return Err(EngineError::Internal("a batched sequence was given MTP drafts".into()))
+            }
+        };
         let req = Request { model, prompt: &prompt, params: &params, cancel: None, marks: true };
         let Begin { max_tokens, start, sampler, caches, reused, .. } = begin(&req, from)?;
         let out = OutputCore::new(model, &params, max_tokens);
@@ -101,6 +124,8 @@ impl Sequence {
             steps: 0,
             beside: 0,
             most: 0,
+            lookup,
+            max_tokens,
         })
     }
 
@@ -127,7 +152,8 @@ impl Sequence {
         }
         let generation = match self.out.take() {
             Some(out) if self.fed + 1 >= self.prompt.len() || !out.tokens().is_empty() => {
-                out.finish(self.prompt.len(), self.start, None, &mut *self.on_piece)
+                let stats = self.lookup.take().map(|l| l.stats);
+                out.finish(self.prompt.len(), self.start, stats, &mut *self.on_piece)
             }
             // Cancelled before its first token: what was prefilled stays usable.
             _ => Ok(cancelled_early(self.prompt.len(), self.start)),
@@ -147,6 +173,43 @@ impl Sequence {
     fn cancelled(&self) -> bool {
         self.cancel.load(Ordering::Relaxed)
     }
+
+    /// Whether it drafts by prompt lookup in a step it decodes alone: guided sequences pick
+    /// each token on the host, one at a time.
+    fn drafts(&self) -> bool {
+        self.lookup.is_some() && self.guide.is_none() && !self.prefilling()
+    }
+
+    /// A step of this sequence alone, with prompt-lookup drafts: one pass verifies them, and
+    /// the tokens it keeps go out as plain steps' do.
+    fn lookup_step(&mut self, model: &LoadedModel) -> Result<StepRows> {
+        let (Some(lk), Some(out)) = (self.lookup.as_mut(), self.out.as_mut()) else {
+            return Ok(StepRows::default());
+        };
+        // Room for drafts: max_tokens and the context, less the token the pass samples itself.
+        let position = self.caches[0].offset() as usize;
+        let room = self
+            .max_tokens
+            .saturating_sub(out.tokens().len() + 1)
+            .min(model.context_length.saturating_sub(position + 1));
+        let len = lk.last.map_or(0, |(k, a)| next_draft_len(k, a, lk.max_draft)).min(room);
+        let history: Vec<u32> = self.prompt.iter().chain(out.tokens()).copied().collect();
+        let drafts = lookup_draft(&history, lk.min_ngram, lk.max_ngram, len);
+        let taken = lookup_round(model, &mut self.caches, &mut self.sampler, self.next, &drafts)?;
+        lk.last = Some((drafts.len(), taken.len() - 1));
+        lk.stats.record(drafts.len(), taken.len() - 1);
+        self.steps += 1;
+        self.beside += 1;
+        self.most = self.most.max(1);
+        self.fed = self.fed.max(self.prompt.len());
+        for &id in &taken {
+            self.next = id;
+            if !out.push_with(id, None, Some(&self.cancel), &mut *self.on_piece)? {
+                break;
+            }
+        }
+        Ok(StepRows { decoded: 1, prefilled: 0 })
+    }
 }
 
 /// One forward pass for `seqs` (one model, one adapter, attached to `model`): each decoding
@@ -162,6 +225,11 @@ pub fn step(model: &LoadedModel, seqs: &mut [&mut Sequence], budget: usize) -> R
         }
     }
     let live: Vec<usize> = (0..seqs.len()).filter(|&i| !seqs[i].ended()).collect();
+    if let [only] = live[..] {
+        if seqs[only].drafts() {
+            return seqs[only].lookup_step(model);
+        }
+    }
     let decoding: Vec<usize> = live.iter().copied().filter(|&i| !seqs[i].prefilling()).collect();
     let mut room = budget.saturating_sub(decoding.len()).max(1);
     // Rows of this pass: (sequence, tokens), decoders first.

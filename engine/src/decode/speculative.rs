@@ -217,6 +217,62 @@ pub fn lookup_draft(history: &[u32], min_ngram: usize, max_ngram: usize, limit: 
     Vec::new()
 }
 
+/// One prompt-lookup round outside `generate`, for a batch's sequence decoding alone in its
+/// step: feed `y` then `drafts`, keep the drafts the main model agrees with (as `generate`
+/// does), roll `caches` back past the rest, and record the taken tokens with `sampler`.
+/// Returns the accepted drafts followed by the model's own next token.
+pub(crate) fn lookup_round(
+    model: &LoadedModel,
+    caches: &mut [KvCache],
+    sampler: &mut Sampler,
+    y: u32,
+    drafts: &[u32],
+) -> Result<Vec<u32>> {
+    let mut fed = vec![y];
+    fed.extend_from_slice(drafts);
+    let hidden = model.hidden(&token_array(&fed), caches)?;
+    let logits = model.net.logits(&hidden)?.index(0);
+    let drafts_dev = Drafts::from_host(drafts);
+    // The vocabulary's ids only serve sampling's one-hot draft distributions.
+    let vocab_ids = match sampler.is_greedy() || drafts.is_empty() {
+        true => Array::from_int(0),
+        false => ops::arange::<_, i32>(None, model.vocab_size as i32, None)?,
+    };
+    let verdict = verify(sampler, &logits, &drafts_dev, &vocab_ids)?;
+    let mut pending: Vec<&Array> = vec![&verdict.choice];
+    pending.extend(verdict.accept.iter());
+    eval(pending)?;
+    let choice: Vec<u32> =
+        verdict.choice.as_dtype(mlx_rs::Dtype::Uint32)?.as_slice::<u32>().to_vec();
+    let accepted = match &verdict.accept {
+        Some(acc) => acc.as_slice::<bool>().iter().take_while(|&&a| a).count(),
+        None => drafts.iter().zip(&choice).take_while(|(d, c)| d == c).count(),
+    };
+    let rejected = (drafts.len() - accepted) as i32;
+    for c in caches.iter_mut() {
+        if c.trim(rejected) != rejected {
+            return Err(EngineError::Internal(
+                "a KV cache could not roll back a rejected draft".into(),
+            ));
+        }
+    }
+    let mut taken = drafts[..accepted].to_vec();
+    taken.push(choice[accepted]);
+    sampler.observe_ids(&taken)?;
+    Ok(taken)
+}
+
+/// How many tokens the next lookup round drafts after one that drafted `k` and kept
+/// `accepted`: verifying a long wrong draft costs more than a plain step, so the length grows
+/// (doubling) while drafts are accepted and falls back to what was accepted + 1.
+pub(crate) fn next_draft_len(k: usize, accepted: usize, max_draft: usize) -> usize {
+    if k > 0 && accepted == k {
+        (2 * k).min(max_draft)
+    } else {
+        (accepted + 1).min(max_draft)
+    }
+}
+
 /// Speculative decoding; called by `generate::generate` when `params.draft` is not `None`.
 pub(crate) fn generate(
     req: Request<'_>,
@@ -342,13 +398,7 @@ pub(crate) fn generate(
                 m.draft(model, &mut sampler, &confirmed, &taken, count)?
             }
             (None, DraftMode::Lookup { min_ngram, max_ngram, max_draft }) => {
-                // Verifying a long wrong draft costs more than a plain step: draft length grows
-                // (doubling) while drafts are accepted and falls back to what was accepted + 1.
-                let len = if k > 0 && accepted == k {
-                    (2 * k).min(*max_draft)
-                } else {
-                    (accepted + 1).min(*max_draft)
-                };
+                let len = next_draft_len(k, accepted, *max_draft);
                 Drafts::from_host(&lookup_draft(&history, *min_ngram, *max_ngram, len.min(room)))
             }
             _ => Drafts::none(),

@@ -197,9 +197,11 @@ impl Arrival {
         ]
         .into_iter()
         .find_map(|(on, why)| on.then_some(why));
-        // A batch verifies no drafts: above a batch of one, every turn decodes one token
+        // A batch verifies prompt-lookup drafts for a sequence decoding alone; MTP's head and
+        // its cache are the solo engine's: above a batch of one an MTP turn decodes one token
         // per step, and says so the same way.
-        let batched = engine.batched().then_some("batched decoding (max_batch above 1)");
+        let batched = (engine.batched() && matches!(draft, DraftMode::Mtp { .. }))
+            .then_some("batched decoding (max_batch above 1)");
         let drafts_off = match (guided.or(batched), &draft) {
             (Some(why), d) if *d != DraftMode::None => Some(format!("drafts off: {why}")),
             _ => None,
