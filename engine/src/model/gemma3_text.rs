@@ -94,7 +94,7 @@ pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<Gemma3Text> {
         let sliding = is_sliding(cfg, i)?;
         // Sliding layers never use the long-context rope scaling.
         let rope = if sliding {
-            Rope::Base { dims: head_dim, base: local_base, scale: 1.0, traditional: false }
+            Rope::base(head_dim, local_base, 1.0, false)?
         } else {
             Rope::from_config(cfg, head_dim, global_base)?
         };

@@ -3,9 +3,11 @@
 //! for rolling back draft tokens) in a ring buffer, so their memory stays bounded however long
 //! the chat gets.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use mlx_rs::ops::indexing::{IndexMutOp, IndexOp};
 use mlx_rs::ops::{self, concatenate, zeros_dtype};
-use mlx_rs::Array;
+use mlx_rs::{Array, Dtype};
 
 use crate::error::Result;
 
@@ -23,9 +25,10 @@ pub enum AttentionMask {
 }
 
 /// Keys and values of shape [B, kv_heads, capacity, head_dim]; `offset` positions are valid.
-/// Cloning shares the buffers: MLX copies a shared buffer on its next write, so a clone
-/// never sees the other's later positions.
-#[derive(Default, Clone)]
+/// Cloning shares the buffers: MLX copies a shared buffer on its next write, and the host's
+/// in-place writes (`host_append`) first copy any buffer they do not own, so a clone never
+/// sees the other's later positions.
+#[derive(Default)]
 pub struct KvCache {
     keys: Option<Array>,
     values: Option<Array>,
@@ -35,6 +38,49 @@ pub struct KvCache {
     window: Option<i32>,
     /// Sliding window: how many of the latest positions the ring holds intact.
     stored: i32,
+    /// Whether the buffers are evaluated, row-contiguous f32 that nothing else holds: set
+    /// only by `host_append`'s own copy, cleared by anything that may share them (a clone,
+    /// handing them out to save or evaluate, an MLX write, whose views may outlive it).
+    own: AtomicBool,
+}
+
+impl Clone for KvCache {
+    fn clone(&self) -> KvCache {
+        self.own.store(false, Ordering::Relaxed);
+        KvCache {
+            keys: self.keys.clone(),
+            values: self.values.clone(),
+            offset: self.offset,
+            window: self.window,
+            stored: self.stored,
+            own: AtomicBool::new(false),
+        }
+    }
+}
+
+/// One step's keys and values as `host_append` left them, for attention on the host: the
+/// buffers ([kv_heads, capacity, dim] each), how many slots from the start hold positions,
+/// and, for a ring past its window, which of those slots the new query sees.
+pub struct HostView<'a> {
+    pub keys: &'a [f32],
+    pub values: &'a [f32],
+    pub capacity: usize,
+    pub len: usize,
+    pub visible: Option<Vec<bool>>,
+}
+
+/// The data of an evaluated f32 array, for writing in place. Only the CPU backend's host
+/// path calls this (never on macOS, where MLX's buffers live on the GPU's side).
+#[cfg(not(target_os = "macos"))]
+fn data_ptr(a: &Array) -> *mut f32 {
+    // SAFETY: `a` is evaluated and f32 (checked by the callers); the C API hands out its data
+    // pointer, which stays valid while `a` lives.
+    unsafe { mlx_sys::mlx_array_data_float32(a.as_ptr()) as *mut f32 }
+}
+
+#[cfg(target_os = "macos")]
+fn data_ptr(_: &Array) -> *mut f32 {
+    std::ptr::null_mut()
 }
 
 /// Positions a sliding-window cache keeps beyond its window, so that speculative decoding can
@@ -74,6 +120,7 @@ impl KvCache {
 
     /// Append `k`/`v` and return the keys, values and mask this step's queries attend with.
     pub fn update(&mut self, k: &Array, v: &Array) -> Result<(Array, Array, AttentionMask)> {
+        *self.own.get_mut() = false;
         let l = k.shape()[2];
         match self.window {
             None => {
@@ -140,10 +187,104 @@ impl KvCache {
     /// `offset` positions valid), for attention computed on the host. `None` for a sliding
     /// window's ring, whose slots are not in position order.
     pub fn buffers(&self) -> Option<(&Array, &Array)> {
+        self.own.store(false, Ordering::Relaxed);
         match (self.window, &self.keys, &self.values) {
             (None, Some(k), Some(v)) => Some((k, v)),
             _ => None,
         }
+    }
+
+    /// Whether `host_append` takes this cache's next position, for `kv_heads` heads of
+    /// `dk`-wide keys and `dv`-wide values: buffers of f32 [1, kv_heads, _, d] that MLX has
+    /// written (a prefill comes first). Anything else keeps `update`.
+    pub fn host_ready(&self, kv_heads: usize, dk: usize, dv: usize) -> bool {
+        let fits = |a: &Option<Array>, d: usize| {
+            a.as_ref().is_some_and(|a| {
+                let s = a.shape();
+                a.dtype() == Dtype::Float32
+                    && s.len() == 4
+                    && s[0] == 1
+                    && s[1] as usize == kv_heads
+                    && s[3] as usize == d
+            })
+        };
+        !cfg!(target_os = "macos") && fits(&self.keys, dk) && fits(&self.values, dv)
+    }
+
+    /// Append one position's key and value (`kv_heads` rows of their width, head by head) on
+    /// the host, writing the buffers in place: a decode step without an MLX operation. The
+    /// first write after MLX's (or after the buffers were shared) copies them into buffers of
+    /// this cache's own first, with room to grow. The caller checked `host_ready`.
+    pub fn host_append(&mut self, k: &[f32], v: &[f32]) -> Result<HostView<'_>> {
+        let (Some(keys), Some(values)) = (&self.keys, &self.values) else {
+            return Err(crate::error::EngineError::Internal(
+                "host_append on an empty cache".into(),
+            ));
+        };
+        let (h, cap) = (keys.shape()[1] as usize, keys.shape()[2] as usize);
+        let (dk, dv) = (k.len() / h, v.len() / h);
+        let o = self.offset as usize;
+        let slot = match self.window {
+            Some(_) => o % cap,
+            None => o,
+        };
+        if !*self.own.get_mut() || slot >= cap {
+            // Full attention grows by STEP past what it holds; a ring keeps its size.
+            let room = match self.window {
+                Some(_) => cap,
+                None => (o + 1).div_ceil(STEP as usize) * STEP as usize + STEP as usize,
+            };
+            let own = |a: &Array, held: usize, d: usize| -> Result<Array> {
+                let fresh = concatenate(
+                    &[
+                        a.index((.., .., ..held as i32, ..)),
+                        zeros_dtype(
+                            &[1, h as i32, (room - held) as i32, d as i32],
+                            Dtype::Float32,
+                        )?,
+                    ],
+                    2,
+                )?;
+                fresh.eval()?;
+                Ok(fresh)
+            };
+            let held = if self.window.is_some() { cap } else { o };
+            let (nk, nv) = (own(keys, held, dk)?, own(values, held, dv)?);
+            self.keys = Some(nk);
+            self.values = Some(nv);
+            *self.own.get_mut() = true;
+        }
+        let (keys, values) = (self.keys.as_ref().unwrap(), self.values.as_ref().unwrap());
+        let cap = keys.shape()[2] as usize;
+        let (kp, vp) = (data_ptr(keys), data_ptr(values));
+        // SAFETY: both buffers are this cache's alone (`own`), evaluated, row-contiguous f32
+        // [1, h, cap, d], and `slot < cap`; nothing else reads or writes them meanwhile.
+        let (kd, vd) = unsafe {
+            for (g, (kr, vr)) in k.chunks_exact(dk).zip(v.chunks_exact(dv)).enumerate() {
+                std::ptr::copy_nonoverlapping(kr.as_ptr(), kp.add((g * cap + slot) * dk), dk);
+                std::ptr::copy_nonoverlapping(vr.as_ptr(), vp.add((g * cap + slot) * dv), dv);
+            }
+            (
+                std::slice::from_raw_parts(kp.cast_const(), h * cap * dk),
+                std::slice::from_raw_parts(vp.cast_const(), h * cap * dv),
+            )
+        };
+        let end = o + 1;
+        self.offset = end as i32;
+        let (len, visible) = match self.window {
+            None => (end, None),
+            Some(w) => {
+                self.stored = (self.stored + 1).min(cap as i32);
+                let n = end.min(cap);
+                let visible = (end > w as usize).then(|| {
+                    (0..n)
+                        .map(|s| (o as i64 - s as i64).rem_euclid(cap as i64) < w as i64)
+                        .collect()
+                });
+                (n, visible)
+            }
+        };
+        Ok(HostView { keys: kd, values: vd, capacity: cap, len, visible })
     }
 
     /// Number of positions already cached (the next token's position).
@@ -153,6 +294,7 @@ impl KvCache {
 
     /// Append `k`/`v` ([B, H, L, D]) and return views of everything cached so far.
     pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
+        *self.own.get_mut() = false;
         let (b, h, l, dk) = (k.shape()[0], k.shape()[1], k.shape()[2], k.shape()[3]);
         let dv = v.shape()[3];
         let prev = self.offset;
@@ -217,6 +359,7 @@ impl KvCache {
 
     /// The buffers and counters, for saving (`None` buffers: nothing was ever written).
     pub fn parts(&self) -> (Option<&Array>, Option<&Array>, i32) {
+        self.own.store(false, Ordering::Relaxed);
         (self.keys.as_ref(), self.values.as_ref(), self.offset)
     }
 
@@ -233,11 +376,13 @@ impl KvCache {
             offset,
             window: ring.map(|r| r.0),
             stored: ring.map_or(0, |r| r.1),
+            own: AtomicBool::new(false),
         }
     }
 
     /// Arrays to evaluate so the cache holds computed data (used between prefill chunks).
     pub fn state(&self) -> Vec<&Array> {
+        self.own.store(false, Ordering::Relaxed);
         self.keys.iter().chain(self.values.iter()).collect()
     }
 
@@ -358,5 +503,72 @@ mod tests {
             }
         }
         assert!(cache.offset() > 4 * (w + SLIDING_SLACK), "the ring wrapped several times");
+    }
+
+    /// What a host write's view lets the new query see, sorted.
+    fn host_visible(view: &HostView) -> Vec<i64> {
+        let mut seen: Vec<i64> = (0..view.len)
+            .filter(|&s| view.visible.as_ref().is_none_or(|v| v[s]))
+            .map(|s| view.keys[s] as i64)
+            .collect();
+        seen.sort();
+        seen
+    }
+
+    #[test]
+    fn host_writes_show_what_mlx_writes_show_and_never_reach_a_clone() {
+        // The same positions written through MLX (`update`) into one cache and on the host
+        // (`host_append`, after the same MLX prefill) into another, with rollbacks as a verify
+        // pass makes: each decode query sees the same values. A clone taken mid-way keeps
+        // what it held.
+        for window in [None, Some(8)] {
+            let new = || window.map_or_else(KvCache::new, KvCache::sliding);
+            let (mut mlx, mut host) = (new(), new());
+            let first: Vec<f32> = (0..5).map(|p| (p * 1000) as f32).collect();
+            let k = Array::from_slice(&first, &[1, 1, 5, 1]);
+            mlx.update(&k, &k).unwrap();
+            host.update(&k, &k).unwrap();
+            assert!(host.host_ready(1, 1, 1) && !host.host_ready(2, 1, 1));
+            let mut snapshot = None;
+            let mut rng = 7u64;
+            for write in 0..300i64 {
+                let p = mlx.offset() as i64;
+                let v = [(p * 1000 + write) as f32];
+                let (keys, _, mask) = mlx
+                    .update(
+                        &Array::from_slice(&v, &[1, 1, 1, 1]),
+                        &Array::from_slice(&v, &[1, 1, 1, 1]),
+                    )
+                    .unwrap();
+                let want = visible(&keys, &mask, 1).remove(0);
+                let view = host.host_append(&v, &v).unwrap();
+                assert_eq!(host_visible(&view), want, "{window:?}: write {write} at {p}");
+                if write == 20 {
+                    snapshot = Some((host.clone(), want));
+                }
+                rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                if (rng >> 33) % 5 == 0 {
+                    let n = ((rng >> 40) % 3) as i32;
+                    assert_eq!(mlx.trim(n), host.trim(n), "{window:?}: trim");
+                }
+            }
+            // The clone's own next write (through MLX) sees what it held when taken.
+            let (mut clone, held) = snapshot.unwrap();
+            let last = held.iter().copied().max().unwrap();
+            let v = [-1.0f32];
+            let (keys, _, mask) = clone
+                .update(
+                    &Array::from_slice(&v, &[1, 1, 1, 1]),
+                    &Array::from_slice(&v, &[1, 1, 1, 1]),
+                )
+                .unwrap();
+            let seen = visible(&keys, &mask, 1).remove(0);
+            assert!(
+                seen.contains(&last) && seen.contains(&-1),
+                "{window:?}: the clone lost its positions"
+            );
+            let later: Vec<&i64> = seen.iter().filter(|&&x| x > last).collect();
+            assert!(later.is_empty(), "{window:?}: the clone sees later host writes {later:?}");
+        }
     }
 }

@@ -58,27 +58,52 @@ impl RmsNorm {
     }
 }
 
-/// Rotary position embedding, with the scalings Llama-family configs use.
+/// Rotary position embedding, with the scalings Llama-family configs use. `inverse` holds
+/// the inverse frequencies as MLX's kernel computes them, for the host's decode steps
+/// (`host_decode_attention`).
 pub enum Rope {
     Base {
         dims: i32,
         base: f32,
         scale: f32,
         traditional: bool,
+        inverse: Vec<f32>,
     },
     /// Explicit per-dimension periods (Llama 3 scaling), passed to MLX's fused kernel.
     Freqs {
         dims: i32,
         freqs: Array,
         traditional: bool,
+        inverse: Vec<f32>,
     },
 }
 
 impl Rope {
+    /// RoPE with inverse frequencies `base^(-i / (dims / 2))`, angles scaled by `scale`.
+    pub fn base(dims: i32, base: f32, scale: f32, traditional: bool) -> Result<Rope> {
+        // As MLX's kernel on the CPU: exp(-i · (log(base) / (dims / 2))) in f32, through MLX's
+        // own exp and log (a libm exp differs by an ulp, which position 4k turns into 1e-4).
+        let half = dims / 2;
+        let step = Array::from_f32(base).log()?.divide(Array::from_f32(half as f32))?;
+        let inverse = mlx_rs::ops::arange::<_, f32>(0.0, -(half as f64), -1.0)?.multiply(&step)?.exp()?;
+        let inverse = host_step::values(&inverse)?;
+        Ok(Rope::Base { dims, base, scale, traditional, inverse })
+    }
+
+    /// RoPE with explicit periods (one per rotated pair).
+    pub fn periods(dims: i32, periods: &[f32], traditional: bool) -> Rope {
+        Rope::Freqs {
+            dims,
+            freqs: Array::from_slice(periods, &[periods.len() as i32]),
+            traditional,
+            inverse: periods.iter().map(|p| 1.0 / p).collect(),
+        }
+    }
+
     pub fn from_config(cfg: &ModelConfig, dims: i32, base: f32) -> Result<Rope> {
         let traditional = cfg.bool_or("rope_traditional", false);
         let Some(scaling) = cfg.raw.get("rope_scaling").filter(|v| !v.is_null()) else {
-            return Ok(Rope::Base { dims, base, scale: 1.0, traditional });
+            return Rope::base(dims, base, 1.0, traditional);
         };
         let kind = scaling
             .get("rope_type")
@@ -88,10 +113,8 @@ impl Rope {
         let num =
             |key: &str, default: f64| scaling.get(key).and_then(|v| v.as_f64()).unwrap_or(default);
         match kind {
-            "default" => Ok(Rope::Base { dims, base, scale: 1.0, traditional }),
-            "linear" => {
-                Ok(Rope::Base { dims, base, scale: 1.0 / num("factor", 1.0) as f32, traditional })
-            }
+            "default" => Rope::base(dims, base, 1.0, traditional),
+            "linear" => Rope::base(dims, base, 1.0 / num("factor", 1.0) as f32, traditional),
             "llama3" => {
                 let freqs = llama3_periods(
                     dims,
@@ -101,11 +124,7 @@ impl Rope {
                     num("high_freq_factor", 4.0),
                     num("original_max_position_embeddings", 8192.0),
                 );
-                Ok(Rope::Freqs {
-                    dims,
-                    freqs: Array::from_slice(&freqs, &[freqs.len() as i32]),
-                    traditional,
-                })
+                Ok(Rope::periods(dims, &freqs, traditional))
             }
             other => Err(EngineError::Config {
                 file: cfg.file.clone(),
@@ -118,10 +137,10 @@ impl Rope {
 
     pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
         Ok(match self {
-            Rope::Base { dims, base, scale, traditional } => {
+            Rope::Base { dims, base, scale, traditional, .. } => {
                 fast::rope(x, *dims, *traditional, *base, *scale, offset, None)?
             }
-            Rope::Freqs { dims, freqs, traditional } => {
+            Rope::Freqs { dims, freqs, traditional, .. } => {
                 fast::rope(x, *dims, *traditional, None, 1.0, offset, freqs)?
             }
         })
@@ -197,6 +216,12 @@ impl Projections {
         self.fused.as_ref().and_then(Linear::host_only)
     }
 
+    /// Every part's output for rows `x` on the host, side by side (`Linear::host_values`);
+    /// `None` unless the parts are fused into one layer with a host copy.
+    pub fn host_values(&self, x: &[f32]) -> Option<Vec<f32>> {
+        self.fused.as_ref()?.host_values(x)
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Vec<Array>> {
         let Some(fused) = &self.fused else {
             return self.separate.iter().map(|p| p.forward(x)).collect();
@@ -216,15 +241,15 @@ impl Projections {
 }
 
 pub struct Attention {
-    qkv: Projections,
-    o: Linear,
-    q_norm: Option<RmsNorm>,
-    k_norm: Option<RmsNorm>,
-    rope: Rope,
-    heads: i32,
-    kv_heads: i32,
-    head_dim: i32,
-    scale: f32,
+    pub(super) qkv: Projections,
+    pub(super) o: Linear,
+    pub(super) q_norm: Option<RmsNorm>,
+    pub(super) k_norm: Option<RmsNorm>,
+    pub(super) rope: Rope,
+    pub(super) heads: i32,
+    pub(super) kv_heads: i32,
+    pub(super) head_dim: i32,
+    pub(super) scale: f32,
 }
 
 impl Attention {
@@ -284,6 +309,9 @@ impl Attention {
         lens: &[i32],
         lora: Option<&LayerLora>,
     ) -> Result<Array> {
+        if let Some(out) = self.host_rows(x, caches, lens, lora)? {
+            return Ok(out);
+        }
         let mut qkv = self.qkv.forward(x)?.into_iter();
         let (mut q, mut k, mut v) = (qkv.next().unwrap(), qkv.next().unwrap(), qkv.next().unwrap());
         if let Some(l) = lora {

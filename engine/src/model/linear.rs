@@ -76,6 +76,23 @@ impl Linear {
         }
     }
 
+    /// Rows `x` (each the layer's input width) through the host copy, the bias added as
+    /// `forward` adds it: `None` without a copy, or with a bias that is not f32.
+    pub fn host_values(&self, x: &[f32]) -> Option<Vec<f32>> {
+        let Linear::Dense { host: Some(h), bias, .. } = self else { return None };
+        let bias = match bias {
+            Some(b) => Some(b.try_as_slice::<f32>().ok()?),
+            None => None,
+        };
+        let mut y = h.product(x);
+        if let Some(b) = bias {
+            for row in y.chunks_exact_mut(b.len()) {
+                row.iter_mut().zip(b).for_each(|(y, b)| *y += b);
+            }
+        }
+        Some(y)
+    }
+
     /// One layer computing all of `parts` (same input, outputs side by side): one matmul
     /// instead of several. Per-operation overhead, not bandwidth, dominates small layers on
     /// the CPU backend. Returns the parts unchanged when they cannot be stacked.

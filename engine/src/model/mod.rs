@@ -6,6 +6,7 @@ pub mod bert;
 pub mod encoder;
 pub mod gemma3_text;
 pub mod host_attention;
+mod host_decode_attention;
 pub mod host_gelu;
 pub mod host_matrix;
 pub mod host_step;
