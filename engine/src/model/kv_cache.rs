@@ -547,7 +547,7 @@ mod tests {
                     snapshot = Some((host.clone(), want));
                 }
                 rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                if (rng >> 33) % 5 == 0 {
+                if (rng >> 33).is_multiple_of(5) {
                     let n = ((rng >> 40) % 3) as i32;
                     assert_eq!(mlx.trim(n), host.trim(n), "{window:?}: trim");
                 }

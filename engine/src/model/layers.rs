@@ -85,7 +85,8 @@ impl Rope {
         // own exp and log (a libm exp differs by an ulp, which position 4k turns into 1e-4).
         let half = dims / 2;
         let step = Array::from_f32(base).log()?.divide(Array::from_f32(half as f32))?;
-        let inverse = mlx_rs::ops::arange::<_, f32>(0.0, -(half as f64), -1.0)?.multiply(&step)?.exp()?;
+        let inverse =
+            mlx_rs::ops::arange::<_, f32>(0.0, -(half as f64), -1.0)?.multiply(&step)?.exp()?;
         let inverse = host_step::values(&inverse)?;
         Ok(Rope::Base { dims, base, scale, traditional, inverse })
     }

@@ -263,9 +263,21 @@ fn parsers() -> Vec<Parser> {
         "targets": ["q_proj", "v_proj"], "layers": 2, "epochs": 1, "batch_size": 2, "seq_len": 64,
         "learning_rate": 0.001, "eval_fraction": 0.1, "seed": 1, "share_ppm": 250000});
     let train_text = json!({"text": "baga dase fagi", "max_slowdown_ppm": 100000});
+    // A models folder of its own holding the default model, so the seed is valid whatever
+    // this machine has installed (it was refused on a fresh one).
+    static MODELS: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    let models = MODELS.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("m")).unwrap();
+        std::fs::write(dir.path().join("m/config.json"), r#"{"model_type":"llama"}"#).unwrap();
+        dir
+    });
     let settings = serde_json::to_value(Settings {
         api_key: "k".into(),
         allowed_origins: vec!["http://localhost:3000".into()],
+        models_dir: models.path().display().to_string(),
+        default_model: "m".into(),
+        scan_hf_cache: false,
         ..Settings::default()
     })
     .unwrap();
