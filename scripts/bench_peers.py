@@ -1,7 +1,11 @@
 """Driver for scripts/bench-vs-mlx-lm and scripts/bench-vs-peers (run it through those
 wrappers, which build Perch and install the peers). Each measurement runs in its own process,
 the engines alternating round by round, so none inherits another's warm caches or memory
-peak, and drift on a noisy machine hits all alike."""
+peak, and drift on a noisy machine hits all alike. Every engine runs under `taskset` on the same
+cores with as many threads as cores; `--isa avx2` keeps every engine to AVX2 on a CPU that has
+AVX-512 (issue 40): OpenBLAS (under Perch's and mlx-lm's MLX) as Haswell, llama.cpp from a
+build without AVX-512 (scripts/lib/llama_cpp_build.sh). Perch's own host kernels have an
+AVX2 path only, so they run the same either way."""
 
 import argparse
 import json
@@ -58,13 +62,19 @@ print(json.dumps({
 }))
 """
 
-# llama.cpp through llama-cpp-python on a GGUF, 2 threads, measured like the others.
+# llama.cpp through llama-cpp-python on a GGUF, one thread per core given, measured like the others.
+# With PERCH_BENCH_LLAMA_REPACK set, llama.cpp's extra buffer types are back on (its weights
+# repacked for the CPU's kernels, as llama.cpp does by default); safe only on a build without
+# AMX (scripts/lib/llama_cpp_build.sh), as the prelude says.
 LLAMA_CPP_BENCH = PLAIN + r"""
+import os
+if os.environ.get("PERCH_BENCH_LLAMA_REPACK"):
+    _C.llama_model_default_params = _defaults
 import json, sys, time
 import numpy as np
 from llama_cpp import Llama
-path, decode_tokens, passage = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-llm = Llama(model_path=path, n_ctx=2048, n_batch=512, n_threads=2, verbose=False)
+path, decode_tokens, passage, threads = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+llm = Llama(model_path=path, n_ctx=2048, n_batch=512, n_threads=threads, verbose=False)
 unit = llm.tokenize(passage.encode(), add_bos=False, special=False)
 def prompt(n):
     return [unit[i % len(unit)] for i in range(n)]
@@ -132,25 +142,46 @@ def synthetic_model(out: Path) -> Path:
     return out
 
 
+# Set by main(): the cores every engine is pinned to, and the environment that keeps an
+# engine to the chosen instruction set.
+CPUS: list = sorted(os.sched_getaffinity(0))
+ISA_ENV: dict = {}
+LLAMA_ENV: dict = {}
+
+
+def pinned(cmd: list) -> list:
+    return ["taskset", "-c", ",".join(map(str, CPUS))] + cmd
+
+
+def run_json(cmd: list, env: dict) -> dict:
+    out = subprocess.run(pinned(cmd), check=True, capture_output=True, text=True, env={**os.environ, **env})
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def cpu_line() -> str:
+    """The CPU's model and the vector instruction sets it lists, as the figures depend on them."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), "unknown")
+    flags = next((l.split(":", 1)[1].split() for l in info.splitlines() if l.startswith("flags")), [])
+    vector = sorted(f for f in set(flags) if f.startswith(("avx", "amx", "fma")))
+    return f"CPU: {model}; cores used {CPUS}; lists {' '.join(vector) or 'no AVX'}"
+
+
 def perch(model: Path, decode: int, host: bool = True) -> dict:
-    env = dict(os.environ)
+    env = dict(ISA_ENV)
     if not host:
         env["PERCH_NO_HOST_HEAD"] = "1"  # MLX's f32 matmuls for every step
-    out = subprocess.run([str(ROOT / "target/release/perch"), "bench", "--json", "--decode-tokens", str(decode),
-                          "--model", str(model)], check=True, capture_output=True, text=True, env=env)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_json([str(ROOT / "target/release/perch"), "bench", "--json", "--decode-tokens", str(decode),
+                     "--model", str(model)], env)
 
 
 def mlx_lm(model: Path, decode: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", MLX_LM_BENCH, str(model), str(decode), PASSAGE],
-                         check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_json([sys.executable, "-c", MLX_LM_BENCH, str(model), str(decode), PASSAGE], ISA_ENV)
 
 
 def llama_cpp(gguf: Path, decode: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", LLAMA_CPP_BENCH, str(gguf), str(decode), PASSAGE],
-                         check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_json([sys.executable, "-c", LLAMA_CPP_BENCH, str(gguf), str(decode), PASSAGE, str(len(CPUS))],
+                    LLAMA_ENV)
 
 
 def bandwidth_gb_s() -> float:
@@ -188,20 +219,22 @@ def median(xs):
 def table(engines: dict, rounds: int, baseline: str) -> dict:
     names = list(engines)
     result = {}
-    print(f"\n(medians of {rounds} alternating rounds; ratios are each engine / {baseline})")
-    print(f"{'figure':<22}" + "".join(f"{n:>18}" for n in names))
+    print(f"\n(medians of {rounds} alternating rounds, [min-max] over them; ratios are each engine / {baseline})")
+    print(f"{'figure':<22}" + "".join(f"{n:>30}" for n in names))
     for key, label, better in FIGURES:
         row = f"{label:<22}"
         base = median([x[key] for x in engines[baseline]]) if engines[baseline] and key in engines[baseline][0] else None
         for n in names:
             if not engines[n] or key not in engines[n][0]:
-                row += f"{'-':>18}"
+                row += f"{'-':>30}"
                 continue
-            v = median([x[key] for x in engines[n]])
+            xs = [x[key] for x in engines[n]]
+            v = median(xs)
             result.setdefault(key, {})[n] = v
-            shown = v * 1e-6 if key.endswith("bytes") else v
+            scale = 1e-6 if key.endswith("bytes") else 1
             ratio = f" ({v / base:.2f}x)" if base and n != baseline else ""
-            row += f"{f'{shown:.2f}{ratio}':>18}"
+            spread = f" [{min(xs) * scale:.1f}-{max(xs) * scale:.1f}]" if len(xs) > 1 else ""
+            row += f"{f'{v * scale:.2f}{ratio}{spread}':>30}"
         print(row + f"   {better} is better")
     return result
 
@@ -214,7 +247,7 @@ def run_rounds(engines: dict, rounds: int) -> dict:
             order.reverse()
         for name, fn in order:
             runs[name].append(fn())
-            print(f"round {r + 1} {name}: {json.dumps(runs[name][-1])}", file=sys.stderr)
+            print(f"round {r + 1} {name}: {json.dumps(runs[name][-1])}", flush=True)
     return runs
 
 
@@ -226,8 +259,31 @@ def main() -> None:
                     help="both installed default models (f32 imports): perch with and without the host path, mlx-lm, llama.cpp")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--decode-tokens", type=int, default=128)
+    ap.add_argument("--isa", choices=["native", "avx2"], default="native",
+                    help="avx2: every engine without AVX-512 (OpenBLAS as Haswell, llama.cpp built for AVX2)")
+    ap.add_argument("--llama-lib", type=Path, help="llama.cpp's libraries for --isa avx2 (bench-vs-peers builds them)")
+    ap.add_argument("--llama-repack", action="store_true",
+                    help="llama.cpp with its repacked weights (its default; needs --llama-lib)")
+    ap.add_argument("--engines", help="with --defaults: only these, e.g. perch,llama.cpp")
+    ap.add_argument("--cpus", help="cores to pin every engine to, e.g. 0,1 (default: all this process may use)")
     args = ap.parse_args()
     d = args.decode_tokens
+    global CPUS
+    if args.cpus:
+        CPUS = [int(c) for c in args.cpus.split(",")]
+    if args.isa == "avx2":
+        ISA_ENV["OPENBLAS_CORETYPE"] = "Haswell"
+        if not args.llama_lib:
+            sys.exit("--isa avx2 needs --llama-lib (scripts/bench-vs-peers --isa avx2 builds it)")
+    if args.llama_lib:
+        LLAMA_ENV["LLAMA_CPP_LIB_PATH"] = str(args.llama_lib)
+    if args.llama_repack:
+        if not args.llama_lib:
+            sys.exit("--llama-repack needs --llama-lib: the pip build has AMX kernels, which crashed here")
+        LLAMA_ENV["PERCH_BENCH_LLAMA_REPACK"] = "1"
+    llama = f"llama.cpp {'from ' + str(args.llama_lib) if args.llama_lib else 'from pip (native build)'}, " \
+            f"weights {'repacked' if args.llama_repack else 'not repacked (no extra buffer types)'}"
+    print(cpu_line() + f"; engines run {'AVX2 only' if args.isa == 'avx2' else 'natively (no AMX)'}; {llama}")
     if args.defaults:
         installed = json.loads(subprocess.run([str(ROOT / "target/release/perch"), "models", "--json"],
                                               check=True, capture_output=True, text=True).stdout)
@@ -242,10 +298,13 @@ def main() -> None:
                 "mlx-lm": lambda path=path: mlx_lm(path, d),
                 "llama.cpp": lambda gguf=gguf: llama_cpp(gguf, d),
             }
+            if args.engines:
+                engines = {k: v for k, v in engines.items() if k in args.engines.split(",")}
             runs = run_rounds(engines, args.rounds)
-            print(f"\n{model_id} (f32 import of its Q4_K_M GGUF; llama.cpp on the GGUF, 2 threads)")
+            print(f"\n{model_id} (f32 import of its Q4_K_M GGUF; llama.cpp on the GGUF, {len(CPUS)} threads)")
             results[model_id] = table(runs, args.rounds, "llama.cpp")
-        print(json.dumps({"figures": results, "rounds": args.rounds}))
+        print(json.dumps({"figures": results, "rounds": args.rounds, "isa": args.isa, "cpu": cpu_line(),
+                          "llama": llama}))
         return
     if args.peers:
         gguf = Path(subprocess.run([str(ROOT / "scripts/fetch-gemma-gguf")], check=True, capture_output=True, text=True).stdout.strip())
