@@ -3,7 +3,7 @@ wrappers, which build Perch and install the peers). Each measurement runs in its
 the engines alternating round by round, so none inherits another's warm caches or memory
 peak, and drift on a noisy machine hits all alike. Every engine runs under `taskset` on the same
 cores with as many threads as cores; `--isa avx2` keeps every engine to AVX2 on a CPU that has
-AVX-512 (issue 40): OpenBLAS (under Perch's and mlx-lm's MLX) as Haswell, llama.cpp from a
+AVX-512: OpenBLAS (under Perch's and mlx-lm's MLX) as Haswell, llama.cpp from a
 build without AVX-512 (scripts/lib/llama_cpp_build.sh). Perch's own host kernels have an
 AVX2 path only, so they run the same either way."""
 

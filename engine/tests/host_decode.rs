@@ -1,4 +1,4 @@
-//! The CPU backend's host path (issue 19, `model/host_matrix.rs`): a prefill's products of
+//! The CPU backend's host path (`model/host_matrix.rs`): a prefill's products of
 //! many vectors (sgemm over widened bands) and one-token steps, against MLX's f32 matmuls on
 //! the same weights. The fixtures' random weights have no exact 8-bit copy, so each fixture is
 //! copied with its projection matrices rounded to an 8-bit affine grid per block of 32 (as GGUF

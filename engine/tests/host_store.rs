@@ -1,4 +1,4 @@
-//! The host copies' file (`model/host_matrix/store.rs`, issue 19): a second load reads the
+//! The host copies' file (`model/host_matrix/store.rs`): a second load reads the
 //! copies the first one recovered and computes the same logits; a corrupt, truncated or
 //! foreign file, or weights changed since, make the load recover them again (and replace
 //! the file), never fail. One test in its own binary: it points the cache at a temporary

@@ -5,7 +5,7 @@
 # (SIGILL).
 
 # The cmake flags for an instruction set: "native" (what this CPU lists, AMX left out) or
-# "avx2" (AVX2/FMA only, as on the AMD EPYC machines issue 40 was measured on).
+# "avx2" (AVX2/FMA only, as on AMD EPYC machines without AVX-512).
 llama_cpp_flags() { # native|avx2
   local flags=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
   local f

@@ -1,4 +1,4 @@
-//! A decode step's attention with no MLX operation in it (CPU backend, issues 33 and 40): for
+//! A decode step's attention with no MLX operation in it (CPU backend): for
 //! sequences feeding one token each, the fused q/k/v product from its host copy, the q/k
 //! norms, RoPE, the cache written in place (`KvCache::host_append`), attention over it
 //! (`host_attention::attend`) and the output projection, all on the host.

@@ -1,5 +1,5 @@
 //! A weight matrix read from an 8-bit copy on the host, for the CPU backend's decode steps
-//! (issue 19): every projection and the output head of a one-token step.
+//!: every projection and the output head of a one-token step.
 //!
 //! On the Linux CPU backend MLX computes in f32 over OpenBLAS, so a decode step reads four
 //! bytes per weight; its M=1 sgemm streams them at ~11 GB/s. Weights imported from a GGUF's

@@ -1,9 +1,9 @@
-//! Decode steps with the residual stream on the host (CPU backend, issue 19): a block whose
+//! Decode steps with the residual stream on the host (CPU backend): a block whose
 //! MLP reads host copies also adds its residuals and applies its norms on the host, so MLX
 //! runs at most the attention between the host products: one hand-over per layer, not three
 //! (none where the attention runs on the host too, `host_decode_attention`).
-//! A batch's step is a few such rows, one per sequence, each normed on its own (issue 33:
-//! four Qwen2.5-0.5B sequences went from 151 to 118-122 ms a step, eight from 269 to 211-218).
+//! A batch's step is a few such rows, one per sequence, each normed on its own
+//! (four Qwen2.5-0.5B sequences went from 151 to 118-122 ms a step, eight from 269 to 211-218).
 //!
 //! Each hand-over evaluates a small MLX graph: a Qwen2.5-0.5B step of 50 to 57 ms spent 13
 //! to 15 ms in those evaluations, 10 to 11 ms once the norms and additions moved here.

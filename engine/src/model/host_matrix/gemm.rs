@@ -2,7 +2,7 @@
 //! over many positions): each band of rows is widened to f32 in a buffer that stays in the
 //! CPU's cache and multiplied by OpenBLAS's `cblas_sgemm`, the routine MLX's own f32 matmul
 //! calls on this backend. So prefill keeps its speed while the f32 weights are never loaded:
-//! MLX reads safetensors lazily, and nothing else asks for them (issue 19's memory half).
+//! MLX reads safetensors lazily, and nothing else asks for them.
 //!
 //! Widening costs one pass over the 8-bit copy per product, small beside the sgemm's work once
 //! a product has more than a few vectors (`FEW`); below that the copy's own dot-product loop

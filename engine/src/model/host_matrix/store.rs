@@ -1,4 +1,4 @@
-//! A model's host copies kept on disk (issue 19), so that later loads read them instead of
+//! A model's host copies kept on disk, so that later loads read them instead of
 //! recovering them from the f32 weights (seconds per load) and never read the f32 weights
 //! that only decode steps use (the tied embedding table, served from its copy).
 //!
