@@ -7,8 +7,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::catalog::Catalog;
+use crate::decode::DraftSetting;
 use crate::runtime::batch::MAX_BATCH;
-use crate::runtime::{EngineConfig, KeepAlive, LadderConfig, ModelAliases};
+use crate::runtime::{EngineConfig, KeepAlive, LadderConfig, ModelAliases, WarmupProfile};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -19,12 +20,12 @@ pub enum ConfigError {
     #[error("{path} is not valid TOML: {message}")]
     Syntax { path: String, message: String },
     #[error("`{field}`: {message}")]
-    Invalid { field: &'static str, message: String },
+    Invalid { field: String, message: String },
 }
 
 impl ConfigError {
     /// The setting at fault, when one is.
-    pub fn field(&self) -> Option<&'static str> {
+    pub fn field(&self) -> Option<&str> {
         match self {
             ConfigError::Invalid { field, .. } => Some(field),
             _ => None,
@@ -63,7 +64,7 @@ pub struct Settings {
     /// Most tokens of context per request (0: each model's own limit).
     pub context_length: usize,
     /// Background warmup ladder: `default`, `turbo` or `off`.
-    pub warmup_profile: String,
+    pub warmup_profile: WarmupProfile,
     /// Quiet seconds after a request before background warmup may run.
     pub idle_grace_s: f64,
     /// Tokens per warmup-ladder prefill chunk: the longest a user waits for the ladder.
@@ -75,7 +76,7 @@ pub struct Settings {
     /// Warm the MTP head right after a model loads (docs/runtime.md §4).
     pub load_warmup: bool,
     /// Speculative decoding: `auto`, `none`, `lookup`, `mtp`, `mtp:N` (used at `max_batch` 1).
-    pub draft: String,
+    pub draft: DraftSetting,
     /// Requests generating at once, in one batch (1: one at a time, with drafts).
     pub max_batch: usize,
     /// Most tokens one batch step feeds while a request is streaming: a long prompt joins
@@ -107,7 +108,10 @@ pub struct Settings {
 }
 
 impl Default for Settings {
+    /// Every setting's default, the one place for them: `perch serve`'s flags default to
+    /// these too, and the runtime's own (ladder, keep-alive, warmup deadline) are read here.
     fn default() -> Self {
+        let (engine, ladder) = (EngineConfig::default(), LadderConfig::default());
         Settings {
             models_dir: String::new(),
             default_model: crate::paths::DEFAULT_MODEL_ID.into(),
@@ -115,16 +119,16 @@ impl Default for Settings {
             api_key: String::new(),
             allowed_origins: vec![],
             context_length: 0,
-            warmup_profile: "default".into(),
-            idle_grace_s: 90.0,
-            ladder_chunk: 256,
-            ladder_max_interruptions: 8,
-            warmup_deadline_s: 30.0,
+            warmup_profile: WarmupProfile::default(),
+            idle_grace_s: ladder.idle_grace.as_secs_f64(),
+            ladder_chunk: ladder.chunk,
+            ladder_max_interruptions: ladder.max_interruptions,
+            warmup_deadline_s: engine.warmup_deadline.as_secs_f64(),
             load_warmup: true,
-            draft: "auto".into(),
+            draft: DraftSetting::default(),
             max_batch: crate::runtime::engine::DEFAULT_MAX_BATCH,
             step_tokens: crate::runtime::batch::STEP_TOKENS,
-            keep_alive_s: 1800,
+            keep_alive_s: engine.keep_alive.as_setting(),
             log_text: false,
             launch_at_login: false,
             ollama_port: false,
@@ -138,8 +142,28 @@ impl Default for Settings {
     }
 }
 
-fn invalid(field: &'static str, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid { field, message: message.into() }
+fn invalid(field: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { field: field.into(), message: message.into() }
+}
+
+/// `T` from `de`, a value that fails its type (a bad `draft`, a string for a number) named
+/// by its setting's path (`draft`, `sampling.top_p`); other failures (not TOML, not an
+/// object) are `syntax`.
+fn typed<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(
+    de: D,
+    syntax: impl FnOnce(String) -> ConfigError,
+) -> Result<T, ConfigError>
+where
+    D::Error: std::fmt::Display,
+{
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let field = e.path().to_string();
+        let message = e.into_inner().to_string();
+        match field.as_str() {
+            "." | "" => syntax(message),
+            _ => ConfigError::Invalid { field, message },
+        }
+    })
 }
 
 /// A web origin a setting or `--allow-origin` may allow: `scheme://host[:port]` over http(s).
@@ -190,10 +214,9 @@ impl Settings {
                 message: "the file is empty; Perch does not assume the defaults".into(),
             });
         }
-        let s: Settings = toml::from_str(text).map_err(|e| ConfigError::Syntax {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        })?;
+        let syntax = |message| ConfigError::Syntax { path: path.display().to_string(), message };
+        let de = toml::Deserializer::new(text);
+        let s: Settings = typed(de, syntax)?;
         s.validate()?;
         Ok(s)
     }
@@ -262,10 +285,8 @@ impl Settings {
                 (_, val) => v[&k] = val,
             }
         }
-        let s: Settings = serde_json::from_value(v).map_err(|e| ConfigError::Syntax {
-            path: "the request body".into(),
-            message: e.to_string(),
-        })?;
+        let syntax = |message| ConfigError::Syntax { path: "the request body".into(), message };
+        let s: Settings = typed(v, syntax)?;
         s.validate()?;
         Ok(s)
     }
@@ -301,12 +322,6 @@ impl Settings {
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if LadderConfig::profile(&self.warmup_profile).is_none() {
-            return Err(invalid(
-                "warmup_profile",
-                format!("must be default, turbo or off, not `{}`", self.warmup_profile),
-            ));
-        }
         if !(self.idle_grace_s.is_finite() && (0.0..=86_400.0).contains(&self.idle_grace_s)) {
             return Err(invalid(
                 "idle_grace_s",
@@ -342,22 +357,6 @@ impl Settings {
             return Err(invalid(
                 "warmup_deadline_s",
                 format!("must be 0.1 to 600 seconds, not {}", self.warmup_deadline_s),
-            ));
-        }
-        let draft_ok = matches!(self.draft.as_str(), "auto" | "none" | "lookup" | "mtp")
-            || self
-                .draft
-                .strip_prefix("mtp:")
-                .and_then(|d| d.parse::<usize>().ok())
-                .is_some_and(|d| (1..=crate::decode::common::MAX_MTP_DEPTH).contains(&d));
-        if !draft_ok {
-            return Err(invalid(
-                "draft",
-                format!(
-                    "must be auto, none, lookup, mtp or mtp:1..{}, not `{}`",
-                    crate::decode::common::MAX_MTP_DEPTH,
-                    self.draft
-                ),
             ));
         }
         if self.keep_alive_s < -1 {
@@ -485,7 +484,7 @@ impl Settings {
     }
 
     pub fn engine_config(&self) -> EngineConfig {
-        let mut ladder = LadderConfig::profile(&self.warmup_profile).unwrap_or_default();
+        let mut ladder = LadderConfig::profile(self.warmup_profile);
         ladder.idle_grace = Duration::from_secs_f64(self.idle_grace_s);
         ladder.chunk = self.ladder_chunk;
         ladder.max_interruptions = self.ladder_max_interruptions;
@@ -493,7 +492,7 @@ impl Settings {
             models_dir: self.models_dir(),
             hf_cache: self.catalog().hf_cache,
             model: self.default_model.clone(),
-            draft: self.draft.clone(),
+            draft: self.draft,
             max_batch: self.max_batch,
             step_tokens: self.step_tokens,
             keep_alive: KeepAlive::from_secs(self.keep_alive_s),
@@ -578,8 +577,6 @@ mod tests {
             assert_eq!(t.validate().unwrap_err().field(), Some(field), "{t:?}");
         };
         bad(&|t| t.port = 80, "port");
-        bad(&|t| t.draft = "mtp:9".into(), "draft");
-        bad(&|t| t.warmup_profile = "fast".into(), "warmup_profile");
         bad(&|t| t.keep_alive_s = -5, "keep_alive_s");
         bad(&|t| t.idle_grace_s = f64::NAN, "idle_grace_s");
         bad(&|t| t.default_model = "missing".into(), "default_model");
@@ -594,6 +591,23 @@ mod tests {
         bad(&|t| t.warmup_deadline_s = -1.0, "warmup_deadline_s");
         let typo = Settings::parse("prot = 1234\n", &path).unwrap_err();
         assert!(typo.to_string().contains("prot"), "{typo}");
+        // Typed settings are refused where they are read, named by their path, in the file
+        // and in the settings API's patch alike.
+        for (text, field) in [
+            ("draft = \"mtp:9\"\n", "draft"),
+            ("draft = \"fast\"\n", "draft"),
+            ("warmup_profile = \"fast\"\n", "warmup_profile"),
+            ("[sampling]\ntop_p = \"high\"\n", "sampling.top_p"),
+        ] {
+            let e = Settings::parse(text, &path).unwrap_err();
+            assert_eq!(e.field(), Some(field), "{text}: {e}");
+            let patch: toml::Table = toml::from_str(text).unwrap();
+            let patch = serde_json::to_value(patch).unwrap().as_object().unwrap().clone();
+            let e = s.patched(patch).unwrap_err();
+            assert_eq!(e.field(), Some(field), "{text}: {e}");
+        }
+        let e = Settings::parse("draft = \"fast\"\n", &path).unwrap_err().to_string();
+        assert!(e.contains("`draft`") && e.contains("`fast`"), "{e}");
     }
 
     /// The runtime's defaults are the ones docs/runtime.md states.
@@ -610,7 +624,9 @@ mod tests {
             (Duration::from_secs(90), Duration::from_secs(30))
         );
         assert!(e.load_warmup);
-        assert_eq!(LadderConfig::profile("turbo").unwrap().rungs, LadderConfig::TURBO);
+        assert_eq!(e.keep_alive, KeepAlive::For(Duration::from_secs(30 * 60)));
+        assert_eq!(Settings::default().keep_alive_s, 1800);
+        assert_eq!(LadderConfig::profile(WarmupProfile::Turbo).rungs, LadderConfig::TURBO);
     }
 
     #[test]
@@ -621,7 +637,7 @@ mod tests {
         t.launch_at_login = true;
         t.default_model = "other".into();
         assert!(!s.needs_restart(&t));
-        t.draft = "none".into();
+        t.draft = DraftSetting::None;
         assert!(s.needs_restart(&t));
     }
 

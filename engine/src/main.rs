@@ -22,6 +22,14 @@ struct Cli {
 
 // Parsed once at start: `serve`'s many options make it large, which costs nothing here.
 #[allow(clippy::large_enum_variant)]
+/// The settings' defaults (`Settings::default`, the one place for them), which `perch
+/// serve`'s flags share.
+fn defaults() -> perch_engine::config::Settings {
+    perch_engine::config::Settings::default()
+}
+
+// Parsed once per process; boxing the large `serve` variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Generate text for a prompt and stream it to stdout.
@@ -53,7 +61,7 @@ enum Command {
         /// Speculative decoding: none, lookup (prompt lookup), mtp, mtp:DEPTH (1-3) or auto
         /// (MTP when the model has a head, else lookup).
         #[arg(long, default_value = "none")]
-        draft: String,
+        draft: perch_engine::decode::DraftSetting,
         /// Print token counts and speeds to stderr when done.
         #[arg(long, short)]
         verbose: bool,
@@ -84,8 +92,8 @@ enum Command {
         #[arg(long)]
         allow_host: Vec<String>,
         /// Speculative decoding for every request: auto, none, lookup, mtp, mtp:N.
-        #[arg(long, default_value = "auto")]
-        draft: String,
+        #[arg(long, default_value_t = defaults().draft)]
+        draft: perch_engine::decode::DraftSetting,
         /// Requests that may wait for their turn; more get 429.
         #[arg(long, default_value_t = 32)]
         max_queue: usize,
@@ -109,31 +117,31 @@ enum Command {
         #[arg(long)]
         log_text: bool,
         /// Seconds an unused model stays loaded (0: unload after each request, -1: never).
-        #[arg(long, default_value_t = 1800, allow_hyphen_values = true)]
+        #[arg(long, default_value_t = defaults().keep_alive_s, allow_hyphen_values = true)]
         keep_alive: i64,
         /// Background warmup ladder: default ([512, 2560] tokens), turbo, off.
-        #[arg(long, default_value = "default")]
-        ladder: String,
+        #[arg(long, default_value_t = defaults().warmup_profile)]
+        ladder: perch_engine::runtime::WarmupProfile,
         /// Quiet seconds after a request before the ladder may run.
-        #[arg(long, default_value_t = 90.0)]
+        #[arg(long, default_value_t = defaults().idle_grace_s)]
         idle_grace: f64,
         /// Tokens per ladder prefill chunk (the longest a user waits for the ladder).
-        #[arg(long, default_value_t = 256)]
+        #[arg(long, default_value_t = defaults().ladder_chunk)]
         ladder_chunk: usize,
         /// Interruptions of one rung that end the ladder.
-        #[arg(long, default_value_t = 8)]
+        #[arg(long, default_value_t = defaults().ladder_max_interruptions)]
         ladder_max_interruptions: u32,
         /// Seconds the load-time MTP warmup may take before it is cancelled.
-        #[arg(long, default_value_t = 30.0)]
+        #[arg(long, default_value_t = defaults().warmup_deadline_s)]
         warmup_deadline: f64,
         /// Skip the load-time MTP warmup.
         #[arg(long)]
         no_load_warmup: bool,
         /// Prefix cache in memory, MiB (0: off).
-        #[arg(long, default_value_t = 2048)]
+        #[arg(long, default_value_t = defaults().prefix_cache_mb)]
         prefix_cache_mb: u64,
         /// Prefix cache on disk, MiB (0: off); it survives restarts.
-        #[arg(long, default_value_t = 8192)]
+        #[arg(long, default_value_t = defaults().prefix_cache_disk_mb)]
         prefix_cache_disk_mb: u64,
         /// Where the disk tier lives (default: the platform cache directory's `prefix`).
         #[arg(long)]
@@ -181,7 +189,7 @@ enum Command {
         /// Compare speculative decoding with plain decoding instead: none, lookup, mtp,
         /// mtp:DEPTH or auto.
         #[arg(long)]
-        draft: Option<String>,
+        draft: Option<perch_engine::decode::DraftSetting>,
         /// Prompt for --draft (default: a code-editing prompt for lookup, the bench passage
         /// otherwise).
         #[arg(long)]
@@ -419,10 +427,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             config.keep_alive = perch_engine::runtime::KeepAlive::from_secs(keep_alive);
             config.load_warmup = !no_load_warmup;
-            config.ladder =
-                perch_engine::runtime::LadderConfig::profile(&ladder).ok_or_else(|| {
-                    anyhow::anyhow!("--ladder must be default, turbo or off, not `{ladder}`")
-                })?;
+            config.ladder = perch_engine::runtime::LadderConfig::profile(ladder);
             let seconds = |name: &str, v: f64, min: f64| {
                 anyhow::ensure!(
                     v.is_finite() && (min..=86_400.0).contains(&v),
@@ -570,7 +575,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             let model = load(model, &dir)?;
             if let Some(draft) = draft {
-                let mode = perch_engine::decode::DraftMode::parse(&draft, &model)?;
+                let mode = draft.mode(&model);
                 let text = prompt.unwrap_or_else(|| match mode {
                     perch_engine::decode::DraftMode::Lookup { .. } => bench::CODE_EDIT.to_string(),
                     _ => bench::PASSAGE.to_string(),

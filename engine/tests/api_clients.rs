@@ -37,7 +37,7 @@ fn venv() -> Option<PathBuf> {
 /// engine, one request at a time: the clients must not be able to tell.
 async fn start(config: ServeConfig, max_queue: usize, cap: Option<usize>) -> Server {
     let engine = EngineConfig {
-        draft: "auto".into(),
+        draft: perch_engine::decode::DraftSetting::Auto,
         max_batch: 1,
         max_queue,
         max_tokens_cap: cap,

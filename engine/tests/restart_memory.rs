@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use perch_engine::config::Settings;
+use perch_engine::decode::DraftSetting;
 use perch_engine::supervisor::{Phase, Supervisor};
 use serde_json::json;
 
@@ -38,8 +39,8 @@ async fn restarting_the_engine_does_not_grow_memory() {
         models_dir: tmp.path().display().to_string(),
         default_model: "gemma-3-270m".into(),
         port: 0,
-        warmup_profile: "off".into(),
-        draft: "none".into(),
+        warmup_profile: perch_engine::runtime::WarmupProfile::Off,
+        draft: perch_engine::decode::DraftSetting::None,
         scan_hf_cache: false,
         ..Settings::default()
     };
@@ -60,7 +61,7 @@ async fn restarting_the_engine_does_not_grow_memory() {
     let start = rss_mb();
     let mut after = vec![];
     for i in 1..=4u64 {
-        settings.draft = if i % 2 == 1 { "lookup".into() } else { "none".into() };
+        settings.draft = if i % 2 == 1 { DraftSetting::Lookup } else { DraftSetting::None };
         assert!(sup.save(settings.clone()).await.unwrap(), "a draft change restarts");
         assert!(wait(&sup, i), "{:?}", sup.status());
         assert_eq!(post(&url, "/v1/chat/completions", chat.clone()).await.0, 200);

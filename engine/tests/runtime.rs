@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::BoxFuture;
 use perch_engine::error::Result;
 use perch_engine::runtime::ladder::{LadderConfig, LadderState, RungWork, WarmupLadder};
-use perch_engine::runtime::{Foreground, Gate, GatePermit, Leases};
+use perch_engine::runtime::{Foreground, Gate, GatePermit, Leases, WarmupProfile};
 
 /// Rungs whose every chunk and step takes `step`, logging what ran and when.
 struct FakeRungs {
@@ -309,13 +309,13 @@ async fn a_rung_interrupted_too_often_abandons_the_ladder() {
 
 #[test]
 fn rungs_past_the_context_are_dropped_and_profiles_parse() {
-    let l = WarmupLadder::new(LadderConfig::profile("turbo").unwrap(), "m", 4000);
+    let l = WarmupLadder::new(LadderConfig::profile(WarmupProfile::Turbo), "m", 4000);
     assert_eq!(l.status().rungs_left, vec![512, 1024, 2048, 2560]);
     assert_eq!(
-        WarmupLadder::new(LadderConfig::profile("off").unwrap(), "m", 4000).status().state,
+        WarmupLadder::new(LadderConfig::profile(WarmupProfile::Off), "m", 4000).status().state,
         LadderState::Disabled
     );
-    assert!(LadderConfig::profile("warp").is_none());
+    assert!("warp".parse::<WarmupProfile>().unwrap_err().contains("`warp`"));
 }
 
 /// Wait until the ladder is in a rung with at least one chunk of it done.

@@ -10,6 +10,7 @@ use common::*;
 use perch_engine::decode::Generation;
 use perch_engine::runtime::{
     Arrival, Engine, EngineConfig, KeepAlive, LadderConfig, LadderState, Prompt, Turn,
+    WarmupProfile,
 };
 
 fn config(ladder: LadderConfig) -> EngineConfig {
@@ -98,7 +99,8 @@ async fn a_user_request_waits_at_most_one_warming_chunk() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eviction_and_unload_wait_for_leases_and_the_drain_is_timed() {
     let _serial = SERIAL.lock().await;
-    let engine = Arc::new(Engine::start(config(LadderConfig::profile("off").unwrap())).unwrap());
+    let engine =
+        Arc::new(Engine::start(config(LadderConfig::profile(WarmupProfile::Off))).unwrap());
     let held = engine.lease_model("qwen3").await.unwrap();
     // Loading another model (one resident at most) must wait for qwen3's lease.
     let load = tokio::spawn({
@@ -137,7 +139,7 @@ async fn keep_alive_zero_unloads_after_each_request_and_reloads_on_demand() {
     let _serial = SERIAL.lock().await;
     let cfg = EngineConfig {
         keep_alive: KeepAlive::UnloadWhenIdle,
-        ..config(LadderConfig::profile("off").unwrap())
+        ..config(LadderConfig::profile(WarmupProfile::Off))
     };
     let engine = Arc::new(Engine::start(cfg).unwrap());
     engine.start_background();
@@ -162,7 +164,7 @@ async fn load_time_mtp_warmup_warms_or_leaves_it_to_the_first_request() {
         // One at a time: MTP drafts are a solo engine's (a batch decodes without them).
         |ladder| EngineConfig {
             model: MTP_FIXTURE.into(),
-            draft: "mtp".into(),
+            draft: perch_engine::decode::DraftSetting::Mtp { depth: 1 },
             max_batch: 1,
             ..config(ladder)
         };
@@ -178,7 +180,7 @@ async fn load_time_mtp_warmup_warms_or_leaves_it_to_the_first_request() {
         }
     };
     // Free gate: warm at load, and the warmup's lease is gone afterwards.
-    let engine = Arc::new(Engine::start(cfg(LadderConfig::profile("off").unwrap())).unwrap());
+    let engine = Arc::new(Engine::start(cfg(LadderConfig::profile(WarmupProfile::Off))).unwrap());
     engine.start_background();
     let m = wait_for(engine.clone()).await;
     assert_eq!((m.load_time_warmup, m.mtp_warm), (WarmupOutcome::Warm, true));
@@ -186,7 +188,7 @@ async fn load_time_mtp_warmup_warms_or_leaves_it_to_the_first_request() {
     assert_eq!(engine.foreground.snapshot().requests_completed, 0, "the warmup counted as a user");
 
     // Busy gate: skipped, still cold; the first real MTP request warms it.
-    let engine = Arc::new(Engine::start(cfg(LadderConfig::profile("off").unwrap())).unwrap());
+    let engine = Arc::new(Engine::start(cfg(LadderConfig::profile(WarmupProfile::Off))).unwrap());
     let user = engine.gate.try_acquire().unwrap();
     engine.start_background();
     let m = wait_for(engine.clone()).await;
@@ -205,9 +207,14 @@ async fn load_time_mtp_warmup_warms_or_leaves_it_to_the_first_request() {
 async fn a_load_finishes_for_the_engine_when_its_client_leaves() {
     use perch_engine::runtime::warmup::WarmupOutcome;
     let _serial = SERIAL.lock().await;
-    let ladder =
-        LadderConfig { idle_grace: Duration::ZERO, ..LadderConfig::profile("default").unwrap() };
-    let cfg = EngineConfig { draft: "mtp".into(), ..config(ladder) };
+    let ladder = LadderConfig {
+        idle_grace: Duration::ZERO,
+        ..LadderConfig::profile(WarmupProfile::Default)
+    };
+    let cfg = EngineConfig {
+        draft: perch_engine::decode::DraftSetting::Mtp { depth: 1 },
+        ..config(ladder)
+    };
     let engine = Arc::new(Engine::start(cfg).unwrap());
     engine.start_background();
     // Hold the MLX thread, so the load below waits there, surely in progress.
@@ -254,7 +261,8 @@ async fn a_load_finishes_for_the_engine_when_its_client_leaves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_being_evicted_gives_no_new_leases() {
     let _serial = SERIAL.lock().await;
-    let engine = Arc::new(Engine::start(config(LadderConfig::profile("off").unwrap())).unwrap());
+    let engine =
+        Arc::new(Engine::start(config(LadderConfig::profile(WarmupProfile::Off))).unwrap());
     engine.start_background();
     // A turn on qwen3 is in flight while another asks for the MTP model (one resident at a
     // time): qwen3 is evicted once that turn ends.
@@ -290,9 +298,9 @@ async fn the_load_time_warmup_holds_a_lease_and_its_kill_switch_stops_it() {
     let _serial = SERIAL.lock().await;
     let cfg = |load_warmup| EngineConfig {
         model: MTP_FIXTURE.into(),
-        draft: "mtp".into(),
+        draft: perch_engine::decode::DraftSetting::Mtp { depth: 1 },
         load_warmup,
-        ..config(LadderConfig::profile("off").unwrap())
+        ..config(LadderConfig::profile(WarmupProfile::Off))
     };
     let outcome = |e: &Engine| e.resident_snapshot()[0].load_time_warmup;
     // The warmup pins its model: hold the MLX thread so it is surely mid-warmup.
@@ -369,10 +377,10 @@ async fn a_load_time_warmup_past_its_deadline_is_cancelled_and_the_load_goes_on(
     let _serial = SERIAL.lock().await;
     let deadline = Duration::from_millis(300);
     let cfg = EngineConfig {
-        draft: "mtp".into(),
+        draft: perch_engine::decode::DraftSetting::Mtp { depth: 1 },
         max_resident: 2,
         warmup_deadline: deadline,
-        ..config(LadderConfig::profile("off").unwrap())
+        ..config(LadderConfig::profile(WarmupProfile::Off))
     };
     let engine = Arc::new(Engine::start(cfg).unwrap());
     engine.start_background();
@@ -452,7 +460,7 @@ async fn the_observer_hears_each_turn_s_tokens_prefill_end_and_mode() {
     use perch_engine::runtime::{DecodeMode, DraftChoice};
     let _serial = SERIAL.lock().await;
     // One at a time, so a turn may draft (lookup); the batch's turns are plain or guided.
-    let cfg = EngineConfig { max_batch: 1, ..config(LadderConfig::profile("off").unwrap()) };
+    let cfg = EngineConfig { max_batch: 1, ..config(LadderConfig::profile(WarmupProfile::Off)) };
     let engine = Arc::new(Engine::start(cfg).unwrap());
     let recorder = Recorder::default();
     engine.set_observer(Arc::new(recorder.clone()));
@@ -491,7 +499,7 @@ async fn keep_alive_spares_a_model_used_while_its_unload_waited_for_the_load_loc
     let cfg = EngineConfig {
         max_resident: 2,
         keep_alive: KeepAlive::For(keep),
-        ..config(LadderConfig::profile("off").unwrap())
+        ..config(LadderConfig::profile(WarmupProfile::Off))
     };
     let engine = Arc::new(Engine::start(cfg).unwrap());
     engine.start_background();
@@ -522,7 +530,7 @@ async fn keep_alive_spares_a_model_used_while_its_unload_waited_for_the_load_loc
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_eviction_waiting_for_leases_does_not_hold_other_unloads() {
     let _serial = SERIAL.lock().await;
-    let cfg = EngineConfig { max_resident: 2, ..config(LadderConfig::profile("off").unwrap()) };
+    let cfg = EngineConfig { max_resident: 2, ..config(LadderConfig::profile(WarmupProfile::Off)) };
     let engine = Arc::new(Engine::start(cfg).unwrap());
     engine.start_background();
     // qwen3 is in use by a long turn and is the least recently used; llama is idle.
@@ -548,7 +556,7 @@ async fn an_eviction_waiting_for_leases_does_not_hold_other_unloads() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turns_generate_together_each_as_it_would_alone() {
     let _serial = SERIAL.lock().await;
-    let cfg = EngineConfig { max_batch: 2, ..config(LadderConfig::profile("off").unwrap()) };
+    let cfg = EngineConfig { max_batch: 2, ..config(LadderConfig::profile(WarmupProfile::Off)) };
     let engine = Arc::new(Engine::start(cfg).unwrap());
     let g = golden("qwen3");
     let turn = |prompt: Vec<u32>, n: usize| Turn {
@@ -601,7 +609,7 @@ async fn a_sequence_that_fails_leaves_the_batch_going() {
     let cfg = EngineConfig {
         max_batch: 2,
         ..EngineConfig {
-            ladder: LadderConfig::profile("off").unwrap(),
+            ladder: LadderConfig::profile(WarmupProfile::Off),
             ..engine_config(tmp.path(), "qwen3")
         }
     };

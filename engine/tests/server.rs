@@ -515,7 +515,7 @@ async fn a_constrained_turn_says_its_drafts_are_off() {
     // the response header says so.
     // (A solo engine; a batched one is tested below.)
     let engine = EngineConfig {
-        draft: "lookup".into(),
+        draft: perch_engine::decode::DraftSetting::Lookup,
         max_batch: 1,
         ..engine_config(&fixtures_models(), "qwen3")
     };
@@ -538,8 +538,10 @@ async fn a_constrained_turn_says_its_drafts_are_off() {
     // A batched engine (max_batch above 1) keeps prompt lookup (a sequence drafts while it
     // decodes alone) and decodes MTP turns without their drafts, and says so.
     for (model, draft, off) in [("qwen3", "lookup", false), ("qwen3-mtp", "mtp", true)] {
-        let batched =
-            EngineConfig { draft: draft.into(), ..engine_config(&fixtures_models(), model) };
+        let batched = EngineConfig {
+            draft: draft.parse().unwrap(),
+            ..engine_config(&fixtures_models(), model)
+        };
         let s3 = serve(batched, ServeConfig::default()).await;
         let r = client()
             .post(format!("{}/v1/chat/completions", s3.url()))

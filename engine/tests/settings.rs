@@ -475,8 +475,8 @@ async fn the_api_key_is_never_dropped_shown_or_cleared_by_omission() {
         assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
         let file = perch_engine::config::Settings::load(&s.config).unwrap();
         assert_eq!(
-            (file.api_key.as_str(), file.draft.as_str(), file.models_dir.as_str()),
-            ("sekrit", "lookup", s.models.to_str().unwrap())
+            (file.api_key.as_str(), file.draft.to_string(), file.models_dir.as_str()),
+            ("sekrit", "lookup".to_string(), s.models.to_str().unwrap())
         );
         assert_eq!(file.default_model, "chat");
     }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use common::*;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
-use perch_engine::decode::{DraftMode, DraftStats};
+use perch_engine::decode::{DraftMode, DraftSetting, DraftStats};
 use perch_engine::{
     generate, FinishReason, GenerateParams, Generation, LoadedModel, SamplingParams,
 };
@@ -425,7 +425,9 @@ fn bad_draft_settings_are_clear_errors() {
         .contains("min_ngram"));
     assert!(err(&mtp, DraftMode::Lookup { min_ngram: 1, max_ngram: 2, max_draft: 99 })
         .contains("max_draft"));
-    assert_eq!(DraftMode::parse("mtp:2", &mtp).unwrap(), DraftMode::Mtp { depth: 2 });
-    assert_eq!(DraftMode::parse("auto", &plain).unwrap(), DraftMode::lookup());
-    assert!(DraftMode::parse("fast", &plain).is_err());
+    let setting = |s: &str| s.parse::<DraftSetting>();
+    assert_eq!(setting("mtp:2").unwrap().mode(&mtp), DraftMode::Mtp { depth: 2 });
+    assert_eq!(setting("auto").unwrap().mode(&plain), DraftMode::lookup());
+    assert_eq!(setting("auto").unwrap().mode(&mtp), DraftMode::Mtp { depth: 1 });
+    assert!(setting("fast").is_err());
 }

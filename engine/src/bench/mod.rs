@@ -178,7 +178,7 @@ pub async fn first_request(
     let start = |ladder: LadderConfig| -> Result<Arc<Engine>> {
         let engine = Arc::new(Engine::start(crate::runtime::EngineConfig {
             ladder,
-            draft: "none".into(),
+            draft: crate::decode::DraftSetting::None,
             ..config.clone()
         })?);
         engine.start_background();

@@ -163,25 +163,6 @@ impl DraftMode {
         }
     }
 
-    /// `none`, `lookup`, `mtp` or `mtp:DEPTH`, `auto` (for the command line and the config).
-    pub fn parse(s: &str, model: &LoadedModel) -> Result<DraftMode> {
-        let bad = || {
-            EngineError::InvalidRequest(format!(
-                "draft mode `{s}`: expected none, lookup, mtp, mtp:DEPTH or auto"
-            ))
-        };
-        Ok(match s {
-            "none" => DraftMode::None,
-            "lookup" => DraftMode::lookup(),
-            "auto" => DraftMode::auto(model),
-            "mtp" => DraftMode::Mtp { depth: 1 },
-            _ => match s.strip_prefix("mtp:") {
-                Some(d) => DraftMode::Mtp { depth: d.parse().map_err(|_| bad())? },
-                None => return Err(bad()),
-            },
-        })
-    }
-
     pub(crate) fn validate(&self, model: &LoadedModel) -> Result<()> {
         let bad = |m: String| Err(EngineError::InvalidRequest(m));
         match *self {

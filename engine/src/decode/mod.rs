@@ -7,6 +7,7 @@
 pub mod batch;
 pub mod common;
 pub mod constraint;
+pub mod draft_setting;
 pub mod generate;
 pub mod guided;
 pub mod output;
@@ -18,5 +19,6 @@ pub use common::{
     context_room, AdapterRef, BatchShare, DraftMode, DraftStats, FinishReason, GenerateParams,
     Generation, TokenLogprob, TopLogprob,
 };
+pub use draft_setting::DraftSetting;
 pub use generate::{generate, generate_from, generate_marked, generate_streaming};
 pub use stop::StopMatcher;

@@ -17,7 +17,7 @@ use super::warmup::{warm_at_load, WarmupOutcome};
 use super::worker::{MlxThread, WorkerWork};
 use super::{Foreground, Gate, Lease, Leases};
 use crate::decode::constraint::Grammars;
-use crate::decode::{AdapterRef, DraftMode};
+use crate::decode::{AdapterRef, DraftMode, DraftSetting};
 use crate::error::{EngineError, Result};
 use crate::model::encoder::Encoder;
 use crate::model::{load_model_as, LoadedModel, ModelConfig, ModelKind};
@@ -40,9 +40,8 @@ pub struct EngineConfig {
     pub model: String,
     /// What models compute in (f32 on Linux's CPU backend unless set).
     pub compute_dtype: ComputeDtype,
-    /// `auto`, `none`, `lookup`, `mtp`, `mtp:N` (see `DraftMode::parse`), resolved once
-    /// for each model as it loads.
-    pub draft: String,
+    /// Where drafts come from by default, resolved once for each model as it loads.
+    pub draft: DraftSetting,
     /// Most tokens one turn may generate (`None`: up to the context).
     pub max_tokens_cap: Option<usize>,
     /// Requests that may wait for the gate; more get "busy".
@@ -82,7 +81,7 @@ impl Default for EngineConfig {
             context_length: None,
             model: crate::paths::DEFAULT_MODEL_ID.into(),
             compute_dtype: ComputeDtype::Auto,
-            draft: "auto".into(),
+            draft: DraftSetting::default(),
             max_tokens_cap: None,
             max_queue: 32,
             max_batch: DEFAULT_MAX_BATCH,
@@ -249,11 +248,11 @@ impl Engine {
             last_turn: Mutex::new(None),
             config,
         };
-        let (draft, dtype) = (engine.config.draft.clone(), engine.config.compute_dtype);
+        let (draft, dtype) = (engine.config.draft, engine.config.compute_dtype);
         let info = engine.mlx.run(move |w| {
             let mut model = load_model_as(&dir, dtype)?;
             model.id = id;
-            let info = ModelInfo { draft: DraftMode::parse(&draft, &model)?, ..info_of(&model) };
+            let info = ModelInfo { draft: draft.mode(&model), ..info_of(&model) };
             w.models.insert(model.id.clone(), model);
             Ok(info)
         })?;
@@ -500,7 +499,7 @@ impl Engine {
             }
         };
         let dir = info.dir.clone();
-        let (model_id, draft) = (id.to_string(), self.config.draft.clone());
+        let (model_id, draft) = (id.to_string(), self.config.draft);
         let dtype = self.config.compute_dtype;
         let rx = self.mlx.submit(move |w| {
             if let ModelKind::Embedding(_) = info.kind {
@@ -514,13 +513,7 @@ impl Engine {
             w.prefix.clear_ram();
             let mut model = load_model_as(&dir, dtype)?;
             model.id = model_id;
-            // A setting this model cannot honour (mtp without an MTP head) means plain
-            // decoding for it; the engine's first model is checked strictly at start.
-            let draft = DraftMode::parse(&draft, &model).unwrap_or_else(|e| {
-                tracing::warn!(model = %model.id, error = %e, "draft setting not usable; plain decoding");
-                DraftMode::None
-            });
-            let info = ModelInfo { draft, ..info_of(&model) };
+            let info = ModelInfo { draft: draft.mode(&model), ..info_of(&model) };
             w.models.insert(model.id.clone(), model);
             Ok(info)
         })?;

@@ -27,6 +27,15 @@ impl KeepAlive {
         }
     }
 
+    /// As the `keep_alive_s` setting writes it (`from_secs` read back).
+    pub fn as_setting(&self) -> i64 {
+        match self {
+            KeepAlive::For(d) => d.as_secs().max(1) as i64,
+            KeepAlive::UnloadWhenIdle => 0,
+            KeepAlive::Forever => -1,
+        }
+    }
+
     fn from_secs_f64(s: f64) -> KeepAlive {
         match s {
             s if !(0.0..=MAX_SECS).contains(&s) => KeepAlive::Forever,

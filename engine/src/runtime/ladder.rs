@@ -51,14 +51,45 @@ impl Default for LadderConfig {
 impl LadderConfig {
     pub const TURBO: [usize; 8] = [512, 1024, 2048, 2560, 4096, 8192, 16384, 32768];
 
-    /// `default`, `turbo` or `off`.
-    pub fn profile(name: &str) -> Option<LadderConfig> {
+    pub fn profile(profile: WarmupProfile) -> LadderConfig {
         let d = LadderConfig::default();
-        match name {
-            "default" => Some(d),
-            "turbo" => Some(LadderConfig { rungs: Self::TURBO.to_vec(), ..d }),
-            "off" => Some(LadderConfig { enabled: false, ..d }),
-            _ => None,
+        match profile {
+            WarmupProfile::Default => d,
+            WarmupProfile::Turbo => LadderConfig { rungs: Self::TURBO.to_vec(), ..d },
+            WarmupProfile::Off => LadderConfig { enabled: false, ..d },
+        }
+    }
+}
+
+/// The ladder's profile as the settings file and `--ladder` name it: `default`, `turbo`
+/// (longer rungs) or `off`; parsed where it enters, so a bad name is refused by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WarmupProfile {
+    #[default]
+    Default,
+    Turbo,
+    Off,
+}
+
+impl std::fmt::Display for WarmupProfile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WarmupProfile::Default => "default",
+            WarmupProfile::Turbo => "turbo",
+            WarmupProfile::Off => "off",
+        })
+    }
+}
+
+impl std::str::FromStr for WarmupProfile {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<WarmupProfile, String> {
+        match s {
+            "default" => Ok(WarmupProfile::Default),
+            "turbo" => Ok(WarmupProfile::Turbo),
+            "off" => Ok(WarmupProfile::Off),
+            _ => Err(format!("must be default, turbo or off, not `{s}`")),
         }
     }
 }

@@ -27,7 +27,7 @@ pub use embed::{Embed, EmbedInput, Embedded};
 pub use engine::{Engine, EngineConfig, KeepAlive};
 pub use foreground::{Foreground, ForegroundSnapshot, UserRequest};
 pub use gate::{Gate, GateError, GatePermit, Ticket};
-pub use ladder::{LadderConfig, LadderState, WarmupLadder};
+pub use ladder::{LadderConfig, LadderState, WarmupLadder, WarmupProfile};
 pub use lease::{Lease, Leases};
 pub use model_ref::{ModelAliases, ModelRef, ModelRefError};
 pub use observe::{DecodeMode, LastTurn, TurnFinish, TurnMark, TurnObserver};

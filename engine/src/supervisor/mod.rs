@@ -333,7 +333,7 @@ impl Supervisor {
                     moved = Some(s);
                 }
                 Err(e) => {
-                    let e = ConfigError::Invalid { field: "port", message: e.to_string() };
+                    let e = ConfigError::Invalid { field: "port".into(), message: e.to_string() };
                     return self.reject(&e, "No engine");
                 }
             }
@@ -400,7 +400,7 @@ impl Supervisor {
                 tracing::error!("the engine could not start: {e}");
                 server.front.set_unavailable(format!("The engine could not start: {e}"));
                 let problem = ConfigError::Invalid {
-                    field: "default_model",
+                    field: "default_model".into(),
                     message: format!("the engine could not start with these settings: {e}"),
                 };
                 drop(guard);

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use perch_engine::platform::ComputeDtype;
-use perch_engine::runtime::{Engine, EngineConfig, LadderConfig};
+use perch_engine::runtime::{Engine, EngineConfig, LadderConfig, WarmupProfile};
 use perch_engine::server::{ServeConfig, Server};
 use reqwest::Method;
 use serde_json::Value;
@@ -23,8 +23,8 @@ pub fn engine_config(models_dir: &Path, model: &str) -> EngineConfig {
         models_dir: models_dir.to_path_buf(),
         model: model.into(),
         compute_dtype: ComputeDtype::F32,
-        draft: "none".into(),
-        ladder: LadderConfig::profile("off").unwrap(),
+        draft: perch_engine::decode::DraftSetting::None,
+        ladder: LadderConfig::profile(WarmupProfile::Off),
         ..Default::default()
     }
 }
