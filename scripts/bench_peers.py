@@ -264,6 +264,8 @@ def main() -> None:
     ap.add_argument("--llama-lib", type=Path, help="llama.cpp's libraries for --isa avx2 (bench-vs-peers builds them)")
     ap.add_argument("--llama-repack", action="store_true",
                     help="llama.cpp with its repacked weights (its default; needs --llama-lib)")
+    ap.add_argument("--models", help="with --defaults: these model ids (qwen2.5-coder-1.5b-instruct needs "
+                                     "scripts/setup-default-model --agent)")
     ap.add_argument("--engines", help="with --defaults: only these, e.g. perch,llama.cpp")
     ap.add_argument("--cpus", help="cores to pin every engine to, e.g. 0,1 (default: all this process may use)")
     args = ap.parse_args()
@@ -289,7 +291,11 @@ def main() -> None:
                                               check=True, capture_output=True, text=True).stdout)
         paths = {m["id"]: Path(m["path"]) for m in installed}
         results = {}
-        for model_id, fetch in (("gemma-3-270m", "fetch-gemma-gguf"), ("qwen2.5-coder-0.5b-instruct", "fetch-qwen-gguf")):
+        fetchers = {"gemma-3-270m": "fetch-gemma-gguf", "qwen2.5-coder-0.5b-instruct": "fetch-qwen-gguf",
+                    "qwen2.5-coder-1.5b-instruct": "fetch-agent-gguf"}
+        wanted = args.models.split(",") if args.models else ["gemma-3-270m", "qwen2.5-coder-0.5b-instruct"]
+        for model_id in wanted:
+            fetch = fetchers[model_id]
             gguf = Path(subprocess.run([str(ROOT / "scripts" / fetch)], check=True, capture_output=True, text=True).stdout.strip())
             path = paths[model_id]
             engines = {

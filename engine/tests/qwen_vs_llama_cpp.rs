@@ -83,6 +83,21 @@ print(json.dumps(out))
 #[test]
 fn qwen_prompts_and_answers_match_llama_cpp() {
     let Some(gguf) = common::qwen_gguf() else { return };
+    matches_llama_cpp(gguf);
+}
+
+/// The agent model (Qwen2.5-Coder-1.5B-Instruct, Q4_K_M, untied head), checked the same way.
+/// Not in the default run (its f32 import writes 7 GB): `scripts/setup-agent-model --check`
+/// fetches it and runs this in a release build.
+#[test]
+#[ignore]
+fn agent_model_prompts_and_answers_match_llama_cpp() {
+    let gguf = root().join(".deps/agent-gguf/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf");
+    assert!(gguf.exists(), "scripts/fetch-agent-gguf first");
+    matches_llama_cpp(gguf);
+}
+
+fn matches_llama_cpp(gguf: PathBuf) {
     let python = root().join(".deps/venv/bin/python");
     let ok = std::process::Command::new(&python)
         .args(["-c", "import llama_cpp, jinja2"])
