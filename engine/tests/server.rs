@@ -102,6 +102,36 @@ async fn chat_matches_the_engine_and_streams_in_openai_shape() {
     s.shutdown().await;
 }
 
+/// An agent loop whose conversation outgrows the context (here a pasted file of some 4,000
+/// tokens against the fixture's 2,048; the fixture's template knows no tool turns) gets each
+/// protocol's own clear 400 saying the context's length, never a silent cut: OpenAI's
+/// `context_length_exceeded`, Anthropic's error object, Ollama's `error` string.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_past_the_context_is_refused_in_every_protocol() {
+    let s = start().await;
+    let big = format!("Here is a.txt: {}", "lorem ".repeat(4000));
+    let turns = json!([
+        {"role": "user", "content": "Summarise the file I paste next."},
+        {"role": "assistant", "content": "Paste it."},
+        {"role": "user", "content": big}]);
+    let says_length = |m: &str| m.contains("2048");
+    let openai = json!({"model": "qwen3", "max_tokens": 16, "messages": turns});
+    let (st, b) = post(&s, "/v1/chat/completions", openai).await;
+    assert_eq!((st, b["error"]["code"].as_str()), (400, Some("context_length_exceeded")), "{b}");
+    assert!(says_length(b["error"]["message"].as_str().unwrap()), "{b}");
+
+    let anthropic = json!({"model": "qwen3", "max_tokens": 16, "messages": turns});
+    let (st, b) = post(&s, "/v1/messages", anthropic).await;
+    assert_eq!((st, b["type"].as_str()), (400, Some("error")), "{b}");
+    assert_eq!(b["error"]["type"], "invalid_request_error", "{b}");
+    assert!(says_length(b["error"]["message"].as_str().unwrap()), "{b}");
+
+    let ollama = json!({"model": "qwen3", "stream": false, "messages": turns});
+    let (st, b) = post(&s, "/api/chat", ollama).await;
+    assert_eq!(st, 400, "{b}");
+    assert!(says_length(b["error"].as_str().unwrap()), "{b}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_bad_input_gets_a_clear_error() {
     let s = start_with(ServeConfig { max_body_bytes: 64 << 10, ..Default::default() }, 8).await;
