@@ -60,6 +60,25 @@ def environment():
     return env
 
 
+def calls_only(m):
+    return not m.get("content") and m.get("tool_calls")
+
+
+def render(template, ctx):
+    """As Perch renders (engine/src/chat/template.rs): a turn that only calls tools has
+    content None; a template that fails on that (not by raise_exception) is rendered again
+    with "" in its place, as llama.cpp does for templates that need a non-null content."""
+    try:
+        return template.render(**ctx)
+    except TemplateRaised:
+        raise
+    except Exception:
+        if not any(calls_only(m) for m in ctx["messages"]):
+            raise
+        messages = [dict(m, content="") if calls_only(m) else m for m in ctx["messages"]]
+        return template.render(**dict(ctx, messages=messages))
+
+
 def main():
     template_dir, corpus_path, out_path = map(Path, sys.argv[1:4])
     corpus = json.loads(corpus_path.read_text())
@@ -82,7 +101,7 @@ def main():
                 eos_token=corpus["eos_token"],
             )
             try:
-                results[name] = {"text": template.render(**ctx)}
+                results[name] = {"text": render(template, ctx)}
             except TemplateRaised as e:
                 results[name] = {"error": f"raised: {e}"}
             except Exception as e:

@@ -136,17 +136,45 @@ impl ChatTemplate {
         let kwargs = minijinja::Value::from_serialize(&options.kwargs);
         let tools = (!options.tools.is_empty()).then_some(&options.tools);
         // An assistant turn that only calls tools has no content: clients send null, and
-        // templates test `content is none` to choose how to write the calls.
-        let messages: Vec<Value> = messages
-            .iter()
-            .map(|m| {
-                let mut v = serde_json::to_value(m).unwrap_or_default();
-                if m.content.is_empty() && !m.tool_calls.is_empty() {
-                    v["content"] = Value::Null;
-                }
-                v
-            })
-            .collect();
+        // templates test `content is none` to choose how to write the calls. A template that
+        // cannot take a null (it adds `message['content']` to a string) gets "" instead, on a
+        // second try, as llama.cpp's template engine does once it finds a template needs it.
+        let calls_only = |m: &ChatMessage| m.content.is_empty() && !m.tool_calls.is_empty();
+        let as_values = |null: bool| -> Vec<Value> {
+            messages
+                .iter()
+                .map(|m| {
+                    let mut v = serde_json::to_value(m).unwrap_or_default();
+                    if null && calls_only(m) {
+                        v["content"] = Value::Null;
+                    }
+                    v
+                })
+                .collect()
+        };
+        let template = env.get_template("chat").map_err(|e| EngineError::Template(e.to_string()));
+        let first =
+            self.render_with(&template?, as_values(true), tools, add_generation_prompt, &kwargs);
+        match first {
+            Err(EngineError::Template(_)) if messages.iter().any(calls_only) => {
+                let template =
+                    env.get_template("chat").map_err(|e| EngineError::Template(e.to_string()))?;
+                self.render_with(&template, as_values(false), tools, add_generation_prompt, &kwargs)
+            }
+            other => other,
+        }
+    }
+
+    /// One rendering of `messages` (as template values) with the template's context.
+    fn render_with(
+        &self,
+        template: &minijinja::Template<'_, '_>,
+        messages: Vec<Value>,
+        tools: Option<&Vec<Value>>,
+        add_generation_prompt: bool,
+        kwargs: &minijinja::Value,
+    ) -> Result<String> {
+        let kwargs = kwargs.clone();
         let ctx = minijinja::context! {
             messages => messages,
             tools => tools,
@@ -156,20 +184,18 @@ impl ChatTemplate {
             ..kwargs
         };
         let mut out = CappedWriter(Vec::new());
-        env.get_template("chat")
-            .and_then(|t| t.render_captured_to(ctx, &mut out).map(drop))
-            .map_err(|e| match e.kind() {
-                minijinja::ErrorKind::OutOfFuel => EngineError::Template(format!(
-                    "the template ran past its budget of {TEMPLATE_FUEL} steps"
-                )),
-                minijinja::ErrorKind::WriteFailure => EngineError::Template(format!(
-                    "the template wrote more than {TEMPLATE_MAX_OUTPUT} bytes"
-                )),
-                _ => match raised(&e) {
-                    Some(msg) => EngineError::TemplateRejected(msg),
-                    None => EngineError::Template(e.to_string()),
-                },
-            })?;
+        template.render_captured_to(ctx, &mut out).map(drop).map_err(|e| match e.kind() {
+            minijinja::ErrorKind::OutOfFuel => EngineError::Template(format!(
+                "the template ran past its budget of {TEMPLATE_FUEL} steps"
+            )),
+            minijinja::ErrorKind::WriteFailure => EngineError::Template(format!(
+                "the template wrote more than {TEMPLATE_MAX_OUTPUT} bytes"
+            )),
+            _ => match raised(&e) {
+                Some(msg) => EngineError::TemplateRejected(msg),
+                None => EngineError::Template(e.to_string()),
+            },
+        })?;
         String::from_utf8(out.0).map_err(|e| EngineError::Template(e.to_string()))
     }
 }
@@ -218,6 +244,35 @@ fn generation_tags_render_as_their_body() {
         t.render(&[ChatMessage::new("user", "hi")], true, &ChatOptions::default()).unwrap(),
         "[hi]"
     );
+}
+
+/// A turn that only calls tools reaches the template with `content` none (what templates test
+/// to write the calls), and, for a template that adds the content to a string and so fails on
+/// none (the test fixtures' Qwen-style one; an agent's every tool turn), with "" on a second
+/// try, where it was a 500 before.
+#[cfg(test)]
+#[test]
+fn a_template_that_cannot_take_a_null_content_gets_an_empty_one() {
+    let template = |source: &str| ChatTemplate {
+        source: source.into(),
+        bos_token: String::new(),
+        eos_token: String::new(),
+    };
+    let call = serde_json::json!({"id": "c1", "type": "function",
+        "function": {"name": "read", "arguments": {"path": "a"}}});
+    let turns = [
+        ChatMessage::new("user", "read a"),
+        ChatMessage { tool_calls: vec![call], ..ChatMessage::new("assistant", "") },
+    ];
+    let o = ChatOptions::default();
+    let adds =
+        template("{% for m in messages %}{{ m['role'] + ':' + m['content'] + ';' }}{% endfor %}");
+    assert_eq!(adds.render(&turns, false, &o).unwrap(), "user:read a;assistant:;");
+    let tests =
+        template("{% for m in messages %}{{ m.role }}={{ m.content is none }};{% endfor %}");
+    assert_eq!(tests.render(&turns, false, &o).unwrap(), "user=False;assistant=True;");
+    // A template that fails for another reason still fails.
+    assert!(template("{{ messages[0]['content'] + 1 }}").render(&turns, false, &o).is_err());
 }
 
 /// What a template's `raise_exception` said: the template refuses the conversation (roles out
