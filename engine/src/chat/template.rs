@@ -152,15 +152,13 @@ impl ChatTemplate {
                 })
                 .collect()
         };
-        let template = env.get_template("chat").map_err(|e| EngineError::Template(e.to_string()));
-        let first =
-            self.render_with(&template?, as_values(true), tools, add_generation_prompt, &kwargs);
-        match first {
-            Err(EngineError::Template(_)) if messages.iter().any(calls_only) => {
-                let template =
-                    env.get_template("chat").map_err(|e| EngineError::Template(e.to_string()))?;
-                self.render_with(&template, as_values(false), tools, add_generation_prompt, &kwargs)
-            }
+        let template =
+            env.get_template("chat").map_err(|e| EngineError::Template(e.to_string()))?;
+        let render = |null| {
+            self.render_with(&template, as_values(null), tools, add_generation_prompt, &kwargs)
+        };
+        match render(true) {
+            Err(EngineError::Template(_)) if messages.iter().any(calls_only) => render(false),
             other => other,
         }
     }
