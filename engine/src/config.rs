@@ -105,6 +105,9 @@ pub struct Settings {
     /// Model names clients send, mapped to installed models: `"claude-*" = "default"` answers
     /// Claude Code's model names with the default model (docs/settings.md).
     pub model_aliases: std::collections::BTreeMap<String, String>,
+    /// Read tool calls a model writes outside its template's format (a ```json block, a bare
+    /// object, another family's markup) as calls, when they validate against the tool.
+    pub tool_call_recovery: bool,
 }
 
 impl Default for Settings {
@@ -138,6 +141,7 @@ impl Default for Settings {
             prefix_cache_disk_mb: 8192,
             sampling: SamplingDefaults::default(),
             model_aliases: ModelAliases::defaults().into_iter().collect(),
+            tool_call_recovery: engine.tool_call_recovery,
         }
     }
 }
@@ -507,6 +511,7 @@ impl Settings {
                 block: crate::prefix_cache::PrefixCacheConfig::block_for(!self.api_key.is_empty()),
             },
             model_aliases: ModelAliases::new(self.model_aliases.clone()).unwrap_or_default(),
+            tool_call_recovery: self.tool_call_recovery,
             ..EngineConfig::default()
         }
     }

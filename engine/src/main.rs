@@ -137,6 +137,10 @@ enum Command {
         /// Skip the load-time MTP warmup.
         #[arg(long)]
         no_load_warmup: bool,
+        /// Leave tool calls written outside the template's format (a ```json block, a bare
+        /// object, another family's markup) as text.
+        #[arg(long)]
+        no_tool_call_recovery: bool,
         /// Prefix cache in memory, MiB (0: off).
         #[arg(long, default_value_t = defaults().prefix_cache_mb)]
         prefix_cache_mb: u64,
@@ -397,6 +401,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             ladder_max_interruptions,
             warmup_deadline,
             no_load_warmup,
+            no_tool_call_recovery,
             prefix_cache_mb,
             prefix_cache_disk_mb,
             prefix_cache_dir,
@@ -427,6 +432,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
             config.keep_alive = perch_engine::runtime::KeepAlive::from_secs(keep_alive);
             config.load_warmup = !no_load_warmup;
+            config.tool_call_recovery = !no_tool_call_recovery;
             config.ladder = perch_engine::runtime::LadderConfig::profile(ladder);
             let seconds = |name: &str, v: f64, min: f64| {
                 anyhow::ensure!(

@@ -44,6 +44,19 @@ fn chat(content: &str, extra: Value) -> Value {
     body
 }
 
+/// `body` posted to `path`: the status, the answer, and one response header.
+async fn post_header(
+    server: &Server,
+    path: &str,
+    body: Value,
+    header: &str,
+) -> (u16, Value, String) {
+    let r = client().post(format!("{}{path}", server.base())).json(&body).send().await.unwrap();
+    let status = r.status().as_u16();
+    let h = r.headers().get(header).map_or(String::new(), |v| v.to_str().unwrap().to_string());
+    (status, r.json().await.unwrap_or(Value::Null), h)
+}
+
 /// The calls of a non-streamed answer, as (name, arguments object).
 fn calls(answer: &Value) -> Vec<(String, Value)> {
     let Some(list) = answer["choices"][0]["message"]["tool_calls"].as_array() else {
@@ -122,9 +135,18 @@ async fn qwen_calls_tools_as_asked() {
     );
     assert!(p1 > p0 + 100, "tools not rendered: {p0} prompt tokens without, {p1} with");
 
-    // auto: the model calls the weather tool; no markup in content.
-    let (s, a) = post(&server, url, chat(ask, json!({"tools": weather_tools()}))).await;
+    // auto: the model calls the weather tool; no markup in content. This model writes the call
+    // as a bare object, without its template's <tool_call> tags: a recovered call, and the
+    // response says so.
+    let (s, a, recovered) = post_header(
+        &server,
+        url,
+        chat(ask, json!({"tools": weather_tools()})),
+        "x-perch-tool-call-recovered",
+    )
+    .await;
     assert_eq!(s, 200, "{a}");
+    assert_eq!(recovered, "bare-json", "{a}");
     let msg = &a["choices"][0]["message"];
     eprintln!("auto: {a}");
     assert_eq!(a["choices"][0]["finish_reason"], "tool_calls", "{a}");
@@ -207,6 +229,20 @@ async fn qwen_calls_tools_as_asked() {
     );
     assert!(p2 > p1 + 10, "the tool result is not in the prompt: {p1} then {p2}");
 
+    // Answered, the model asks for the same weather again: the call goes back to the client
+    // as written, and the response, /metrics and the log report the repeat.
+    let mut again = history(json!([user, call, result]));
+    again["max_tokens"] = json!(60);
+    let (s, r, repeated) =
+        post_header(&server, url, again.clone(), "x-perch-repeated-tool-call").await;
+    eprintln!("after the result: {r}");
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(calls(&r).first().map(|c| c.0.as_str()), Some("get_weather"), "{r}");
+    assert_eq!(repeated, "get_weather; earlier=1", "{r}");
+    let metrics = client().get(format!("{}/metrics", server.base())).send().await.unwrap();
+    let metrics = metrics.text().await.unwrap();
+    assert!(metrics.contains("perch_tool_call_notes_total{kind=\"repeated\"} 1"), "{metrics}");
+
     // json_schema: the answer is JSON valid against the schema (checked here by hand).
     let schema = json!({"type": "object", "properties": {
         "name": {"type": "string"}, "born": {"type": "integer"},
@@ -238,4 +274,21 @@ async fn qwen_calls_tools_as_asked() {
     let (s, e) = post(&server, url, chat(ask, json!({"tools": weather_tools(), "tool_choice": {"type": "function", "function": {"name": "nope"}}}))).await;
     assert_eq!(s, 400, "{e}");
     assert_eq!(e["error"]["param"], "tool_choice", "{e}");
+    drop(server);
+
+    // Recovery switched off: the same answer is the text the model wrote.
+    let mut config = engine_config(models.path(), ID);
+    config.tool_call_recovery = false;
+    let server = serve(config, ServeConfig::default()).await;
+    let (s, off, recovered) = post_header(
+        &server,
+        url,
+        chat(ask, json!({"tools": weather_tools()})),
+        "x-perch-tool-call-recovered",
+    )
+    .await;
+    assert_eq!(s, 200, "{off}");
+    assert_eq!((recovered.as_str(), calls(&off).len()), ("", 0), "{off}");
+    let text = off["choices"][0]["message"]["content"].as_str().unwrap_or("");
+    assert!(text.contains("\"get_weather\""), "{off}");
 }

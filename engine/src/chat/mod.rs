@@ -10,5 +10,6 @@ pub mod tools;
 pub use reasoning::{Part, ThinkSplitter};
 pub use template::{ChatMessage, ChatOptions, ChatTemplate};
 pub use tools::{
-    CallSplitter, Forced, ForcedGrammar, Piece, Tool, ToolCall, ToolChoice, ToolFormat,
+    answered_calls, CallSplitter, Forced, ForcedGrammar, Foreign, Piece, Recovery, Tool, ToolCall,
+    ToolChoice, ToolFormat, ToolNote,
 };

@@ -7,6 +7,7 @@
 use serde_json::Value;
 
 pub use forced::{dumps_layout, Forced, ForcedGrammar};
+pub use recover::{answered_calls, Foreign, Recovery, ToolNote};
 
 /// A function the client offers (OpenAI's `tools[].function`).
 #[derive(Debug, Clone, PartialEq)]
@@ -153,14 +154,25 @@ pub struct CallSplitter {
     calls: usize,
     /// A prefix of the answer the prompt already wrote (a forced call's start).
     id_seed: u64,
-    /// An answer that opens with a bare JSON object (or a ```json fence) is held to its end:
-    /// small models often drop their template's markup and write just the call, and the
-    /// generic format has no markup at all. Decided once, at the end.
+    /// An answer that opens with a bare JSON object is held to its end: the generic format
+    /// has no markup at all, and small models often drop their template's markup and write
+    /// just the call (a recovery). Decided once, at the end.
     bare_hold: bool,
     tool_names: Vec<String>,
     stream: Stream,
     /// Calls past this many are dropped (`parallel_tool_calls: false` allows one).
     max_calls: usize,
+    /// Calls written in other formats are read back (`recover::Recovery`), when set.
+    recovery: Option<Recovery>,
+    /// The openings of those other formats' markup.
+    foreign: Vec<recover::Marker>,
+    /// Inside one of them (its opening still held).
+    reading: Option<recover::Marker>,
+    /// Calls the conversation already made and a tool answered.
+    answered: Vec<(String, Value)>,
+    /// The call being streamed: its name and its arguments so far.
+    streaming: Option<(String, String)>,
+    notes: Vec<ToolNote>,
 }
 
 impl CallSplitter {
@@ -181,10 +193,16 @@ impl CallSplitter {
             in_call: false,
             calls: 0,
             id_seed,
-            bare_hold: true,
+            bare_hold: format == ToolFormat::Generic,
             tool_names,
             stream: Stream::Undecided,
             max_calls: usize::MAX,
+            recovery: None,
+            foreign: vec![],
+            reading: None,
+            answered: vec![],
+            streaming: None,
+            notes: vec![],
         };
         if let Some(f) = forced {
             let out = s.push(f);
@@ -198,6 +216,27 @@ impl CallSplitter {
     pub fn one_call(mut self) -> Self {
         self.max_calls = 1;
         self
+    }
+
+    /// Also read calls the model writes in another format than its template's, when they
+    /// call an offered tool with valid arguments (`recover`).
+    pub fn recovering(mut self, recovery: Recovery) -> Self {
+        self.foreign = recover::markers(self.format.markers().map(|m| m.0));
+        self.recovery = Some(recovery);
+        self.bare_hold = self.held.is_empty() && self.calls == 0;
+        self
+    }
+
+    /// Note calls identical to these (name, arguments), made earlier in the conversation and
+    /// answered by a tool (`recover::answered_calls`).
+    pub fn after_calls(mut self, answered: Vec<(String, Value)>) -> Self {
+        self.answered = answered;
+        self
+    }
+
+    /// What was noticed so far: recoveries, repeated calls.
+    pub fn notes(&self) -> &[ToolNote] {
+        &self.notes
     }
 
     /// Feed generated text; returns what can be let out now.
@@ -224,38 +263,121 @@ impl CallSplitter {
 
     fn emit(&mut self, out: &mut Vec<Piece>, name: String, arguments: String) {
         if self.calls < self.max_calls {
+            self.check_repeat(&name, &arguments);
             let id = self.next_id();
             out.push(Piece::Call(ToolCall { id, name, arguments }));
         }
+    }
+
+    /// A call equal to answered ones (same name, same arguments as JSON) is noted.
+    fn check_repeat(&mut self, name: &str, arguments: &str) {
+        if self.answered.is_empty() {
+            return;
+        }
+        let Ok(args) = serde_json::from_str::<Value>(arguments) else { return };
+        let earlier = self.answered.iter().filter(|(n, a)| n == name && *a == args).count();
+        if earlier > 0 {
+            self.notes.push(ToolNote::Repeated { name: name.to_string(), earlier });
+        }
+    }
+
+    /// The first opening in the held text: the template's own (`None` in the pair) or
+    /// another format's.
+    fn next_opening(&self, native: Option<&str>) -> Option<(usize, Option<recover::Marker>)> {
+        let mine = native.and_then(|open| self.held.find(open)).map(|at| (at, None));
+        let theirs =
+            self.foreign.iter().filter_map(|m| self.held.find(m.open).map(|at| (at, Some(*m))));
+        mine.into_iter().chain(theirs).min_by_key(|(at, _)| *at)
+    }
+
+    /// The longest held tail that may still become an opening.
+    fn opening_tail(&self, native: Option<&str>) -> usize {
+        let opens = native.into_iter().chain(self.foreign.iter().map(|m| m.open));
+        opens.map(|open| partial_suffix(&self.held, open)).max().unwrap_or(0)
+    }
+
+    /// Inside another format's call (its opening at the start of the held text): `false`
+    /// while more text is needed, else the text went out as calls or as the content it was.
+    fn read_foreign(&mut self, out: &mut Vec<Piece>, m: recover::Marker, end: bool) -> bool {
+        let from = m.open.len();
+        let span = match m.close {
+            recover::Close::At(close) => {
+                self.held[from..].find(close).map(|at| (from + at, from + at + close.len()))
+            }
+            recover::Close::Object => {
+                let mut value = args::ValueEnd::default();
+                let n = value.feed(&self.held);
+                value.done.then_some((n, n))
+            }
+            recover::Close::End => None,
+        };
+        let (body_end, after) = match span {
+            Some(s) => s,
+            None if end => (self.held.len(), self.held.len()),
+            None => return false,
+        };
+        let text: String = self.held.drain(..after).collect();
+        self.reading = None;
+        let body = &text[m.body_at.min(body_end)..body_end];
+        let calls = self.recovery.as_mut().and_then(|r| r.calls(m.kind, body));
+        match calls {
+            Some(calls) if self.calls < self.max_calls => {
+                self.notes.push(ToolNote::Recovered(m.kind));
+                tracing::info!(
+                    format = m.kind.name(),
+                    "a tool call was read from text outside the template's format"
+                );
+                for (name, arguments) in calls {
+                    self.emit(out, name, arguments);
+                }
+            }
+            _ => push_content(out, &text, false),
+        }
+        true
     }
 
     fn drain(&mut self, out: &mut Vec<Piece>, end: bool) {
         if self.bare_hold && self.hold_bare(out, end) {
             return;
         }
-        let Some((open, close)) = self.format.markers() else {
-            let text = std::mem::take(&mut self.held);
-            return push_content(out, &text, false);
-        };
+        let native = self.format.markers();
         loop {
+            if let Some(m) = self.reading {
+                if !self.read_foreign(out, m, end) {
+                    return;
+                }
+                continue;
+            }
             if !self.in_call {
-                match self.held.find(open) {
-                    Some(at) => {
-                        let before: String = self.held.drain(..at + open.len()).collect();
+                match self.next_opening(native.map(|n| n.0)) {
+                    Some((at, Some(m))) => {
+                        let before: String = self.held.drain(..at).collect();
+                        push_content(out, &before, self.calls > 0);
+                        self.reading = Some(m);
+                        continue;
+                    }
+                    Some((at, None)) => {
+                        let open = native.map_or(0, |n| n.0.len());
+                        let before: String = self.held.drain(..at + open).collect();
                         push_content(out, &before[..at], self.calls > 0);
                         self.in_call = true;
                         self.stream = Stream::Undecided;
                     }
                     None => {
-                        // Hold back a tail that may be the start of the marker.
-                        let keep = if end { 0 } else { partial_suffix(&self.held, open) };
+                        // Hold back a tail that may be the start of an opening.
+                        let keep = if end { 0 } else { self.opening_tail(native.map(|n| n.0)) };
                         let cut = self.held.len() - keep;
+                        // Whitespace after a call is layout unless words follow it: wait.
+                        if !end && self.calls > 0 && self.held[..cut].trim().is_empty() {
+                            return;
+                        }
                         let text: String = self.held.drain(..cut).collect();
                         push_content(out, &text, self.calls > 0);
                         return;
                     }
                 }
             }
+            let Some((open, close)) = native else { return };
             match self.stream_call(out, close, end) {
                 Streamed::Wait => return,
                 Streamed::Closed => continue,
@@ -295,6 +417,7 @@ impl CallSplitter {
                 {
                     self.held.drain(..args_at);
                     let id = self.next_id();
+                    self.streaming = Some((name.clone(), String::new()));
                     out.push(Piece::CallHead { id, name });
                     self.stream = Stream::Args(args::ValueEnd::default());
                 }
@@ -306,13 +429,22 @@ impl CallSplitter {
             let n = value.feed(&self.held);
             let part: String = self.held.drain(..n).collect();
             if !part.is_empty() {
+                if let Some((_, args)) = &mut self.streaming {
+                    args.push_str(&part);
+                }
                 out.push(Piece::CallArgs(part));
             }
             if !value.done && !end {
                 return Streamed::Wait;
             }
         }
-        match args::tail(self.format, &self.held, close) {
+        let tail = args::tail(self.format, &self.held, close);
+        if tail != args::Tail::NeedMore || end {
+            if let Some((name, args)) = self.streaming.take() {
+                self.check_repeat(&name, &args);
+            }
+        }
+        match tail {
             args::Tail::NeedMore if !end => return Streamed::Wait,
             args::Tail::NeedMore => {
                 self.held.clear();
@@ -351,8 +483,7 @@ impl CallSplitter {
         if start.is_empty() && !end {
             return true;
         }
-        let could = start.starts_with('{') || start.starts_with(FENCE) || FENCE.starts_with(start);
-        if !could {
+        if !start.starts_with('{') {
             self.bare_hold = false;
             return false;
         }
@@ -360,17 +491,20 @@ impl CallSplitter {
             return true;
         }
         self.bare_hold = false;
-        let body = start.trim_end();
-        let body = match body.strip_prefix(FENCE) {
-            Some(b) => match b.strip_suffix("```") {
-                Some(b) => b,
-                None => return false,
-            },
-            None => body,
+        let Some(calls) = recover::json_calls(start.trim_end()) else { return false };
+        let offered = match &mut self.recovery {
+            // The generic format's own calls: named tools are enough.
+            _ if self.format == ToolFormat::Generic => {
+                calls.iter().all(|(n, _)| self.tool_names.contains(n))
+            }
+            Some(r) => calls.iter().all(|(n, a)| r.accepts(n, a)),
+            None => false,
         };
-        let Some(calls) = bare_calls(body) else { return false };
-        if calls.is_empty() || !calls.iter().all(|(n, _)| self.tool_names.contains(n)) {
+        if calls.is_empty() || !offered {
             return false;
+        }
+        if self.format != ToolFormat::Generic {
+            self.notes.push(ToolNote::Recovered(Foreign::BareJson));
         }
         self.held.clear();
         for (name, arguments) in calls {
@@ -378,17 +512,6 @@ impl CallSplitter {
         }
         true
     }
-}
-
-const FENCE: &str = "```json";
-
-/// One or more call objects one after another (whitespace between), and nothing else.
-fn bare_calls(body: &str) -> Option<Vec<(String, String)>> {
-    let mut calls = Vec::new();
-    for v in serde_json::Deserializer::from_str(body).into_iter::<Value>() {
-        calls.push(call_of_value(&v.ok()?)?);
-    }
-    Some(calls)
 }
 
 /// Text between or after calls that is only whitespace is layout, not content.
@@ -517,5 +640,6 @@ fn parse_deepseek(body: &str) -> Option<Vec<(String, String)>> {
 
 mod args;
 mod forced;
+mod recover;
 #[cfg(test)]
 mod tests;

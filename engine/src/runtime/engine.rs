@@ -62,6 +62,10 @@ pub struct EngineConfig {
     pub prefix_cache: PrefixCacheConfig,
     /// Names clients send (`claude-*`) mapped to installed models (docs/api-fields.md).
     pub model_aliases: super::ModelAliases,
+    /// Tool calls a model writes outside its template's format (a ```json block, a bare
+    /// object, another family's markup) are read back as calls when they are valid calls of
+    /// an offered tool (docs/api-fields.md, "Tool calls").
+    pub tool_call_recovery: bool,
 }
 
 impl EngineConfig {
@@ -94,6 +98,7 @@ impl Default for EngineConfig {
             prefix_cache: PrefixCacheConfig::default(),
             model_aliases: super::ModelAliases::new(super::model_ref::ModelAliases::defaults())
                 .unwrap_or_default(),
+            tool_call_recovery: true,
         }
     }
 }

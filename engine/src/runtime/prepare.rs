@@ -41,6 +41,9 @@ pub(crate) struct Asked {
     pub format: ResponseFormat,
     /// `parallel_tool_calls`: several calls may be made in one answer.
     pub parallel: bool,
+    /// Calls written outside the template's format are read back (the engine's
+    /// `tool_call_recovery`; never with `tool_choice` `none`, where no call is read at all).
+    pub recover: bool,
 }
 
 pub(crate) struct Prepared {
@@ -54,7 +57,7 @@ pub(crate) struct Prepared {
 
 pub(crate) fn prepare(info: &ModelInfo, asked: Asked) -> Result<Prepared> {
     let tok = &info.tokenizer;
-    let Asked { prompt, tools, choice, kwargs, format, parallel } = asked;
+    let Asked { prompt, tools, choice, kwargs, format, parallel, recover } = asked;
     let (mut splitter, mut think) = (None, None);
     let mut constraint = match &format {
         ResponseFormat::JsonSchema(schema) => {
@@ -119,7 +122,13 @@ pub(crate) fn prepare(info: &ModelInfo, asked: Asked) -> Result<Prepared> {
             if offered {
                 let names = tools.iter().map(|t| t.name.clone()).collect();
                 let opened = forced.filter(|p| !p.is_empty());
-                let s = CallSplitter::new(call_format, names, opened);
+                let mut s = CallSplitter::new(call_format, names, opened)
+                    .after_calls(crate::chat::answered_calls(&m));
+                // A forced call or a `response_format` is decoded under its grammar: the
+                // answer is in the shape asked for, never a call in another format.
+                if recover && forced.is_none() && constraint.is_none() {
+                    s = s.recovering(crate::chat::Recovery::new(&tools));
+                }
                 splitter = Some(if parallel { s } else { s.one_call() });
             }
             let (ids, rendered) = tok.encode_chat_rendered(&m, &options, forced.unwrap_or(""))?;

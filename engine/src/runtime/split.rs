@@ -30,6 +30,11 @@ impl Split {
         self.send(tx, parts, false);
     }
 
+    /// What the tool-call reader noticed (none without tools).
+    pub fn notes(&self) -> &[crate::chat::ToolNote] {
+        self.calls.as_ref().map_or(&[], |c| c.notes())
+    }
+
     /// The answer has ended: everything held.
     pub fn finish(&mut self, tx: &mpsc::UnboundedSender<TurnEvent>) {
         let parts = self.think.as_mut().map(ThinkSplitter::finish).unwrap_or_default();

@@ -19,7 +19,7 @@ pub use super::prepare_pool::PREPARE_DEADLINE;
 use super::scheduler::{self, Joining};
 use super::split::Split;
 use super::{GateError, GatePermit, Lease, UserRequest};
-use crate::chat::{Tool, ToolChoice};
+use crate::chat::{Tool, ToolChoice, ToolNote};
 use crate::decode::sampler::SamplingParams;
 use crate::decode::{
     context_room, generate_marked, DraftMode, GenerateParams, Generation, TokenLogprob,
@@ -94,6 +94,8 @@ pub struct TurnRecord<'a> {
     /// Arrival to the first token, when there was one.
     pub ttft: Option<Duration>,
     pub drafts_off: Option<&'a str>,
+    /// Tool calls read from another format, calls repeating answered ones.
+    pub tool_notes: &'a [ToolNote],
 }
 
 /// A user who has arrived (docs/runtime.md §1: stamped before anything else is done with
@@ -147,6 +149,7 @@ impl Arrival {
                 kwargs: turn.template_kwargs,
                 format: turn.response_format.clone(),
                 parallel: turn.parallel_tool_calls,
+                recover: engine.config.tool_call_recovery,
             };
             let parallel = turn.parallel_tool_calls;
             let pool = engine.preparing.clone();
@@ -214,10 +217,12 @@ impl Arrival {
         user.start();
         let cancel = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::unbounded_channel();
+        let tool_notes = Arc::new(std::sync::Mutex::new(Vec::new()));
         let handle = TurnHandle {
             model: info.served_id(),
             prompt_tokens: prompt.len(),
             drafts_off: drafts_off.clone(),
+            tool_notes: tool_notes.clone(),
             events: rx,
             cancel: cancel.clone(),
         };
@@ -228,6 +233,7 @@ impl Arrival {
             params,
             drafts_off,
             splitter: Split::new(think, calls),
+            tool_notes,
             held: (permit, lease, user),
             arrived: at,
             load,
@@ -251,6 +257,7 @@ pub async fn count_prompt_tokens(engine: &Arc<Engine>, turn: Turn) -> Result<usi
         kwargs: turn.template_kwargs,
         format: turn.response_format,
         parallel: turn.parallel_tool_calls,
+        recover: false,
     };
     let pool = engine.preparing.clone();
     pool.run(move || {
@@ -283,6 +290,8 @@ pub struct TurnHandle {
     pub prompt_tokens: usize,
     /// Why this turn decodes without the drafts its model would use, if it does.
     pub drafts_off: Option<String>,
+    /// What the tool-call reader noticed (`ToolNote`), complete once the turn has ended.
+    pub tool_notes: Arc<std::sync::Mutex<Vec<ToolNote>>>,
     events: mpsc::UnboundedReceiver<TurnEvent>,
     cancel: Arc<AtomicBool>,
 }
@@ -332,6 +341,8 @@ struct Running {
     drafts_off: Option<String>,
     /// Reads tool calls out of the text (a turn that offered tools).
     splitter: Option<Split>,
+    /// Where the splitter's notes go for the client's response.
+    tool_notes: Arc<std::sync::Mutex<Vec<ToolNote>>>,
     held: (GatePermit, Lease, UserRequest),
     arrived: Instant,
     /// How long pinning the model took (its load, when it was not resident).
@@ -349,6 +360,7 @@ impl Running {
             params,
             drafts_off,
             splitter,
+            tool_notes,
             held,
             arrived,
             load,
@@ -367,9 +379,14 @@ impl Running {
                 }
             }
         });
-        if let Some(sp) = splitter.locked().as_mut() {
-            sp.finish(&tx);
-        }
+        let notes = match splitter.locked().as_mut() {
+            Some(sp) => {
+                sp.finish(&tx);
+                sp.notes().to_vec()
+            }
+            None => vec![],
+        };
+        tool_notes.locked().clone_from(&notes);
         let ttft = result.as_ref().ok().map(|g| started - arrived + g.ttft);
         if let (Ok(g), Some(ttft)) = (&result, ttft) {
             *engine.last_turn.locked() = Some(LastTurn {
@@ -385,6 +402,7 @@ impl Running {
             result: &result,
             ttft,
             drafts_off: drafts_off.as_deref(),
+            tool_notes: &notes,
         });
         // The turn has ended for the engine before its client can see it end: the next one
         // may start, and /health already counts this one.

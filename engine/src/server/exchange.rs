@@ -16,6 +16,7 @@ use axum::response::Response;
 use super::error::ApiError;
 use super::request_log::RequestRecord;
 use super::App;
+use crate::chat::ToolNote;
 use crate::config::SamplingDefaults;
 use crate::decode::FinishReason;
 use crate::runtime::turn::TurnRecord;
@@ -43,6 +44,11 @@ pub(super) struct Parsed<P> {
 pub const DRAFTS_HEADER: &str = "x-perch-drafts";
 /// Response header: the prompt's length in tokens (known before the first token is).
 pub const PROMPT_TOKENS_HEADER: &str = "x-perch-prompt-tokens";
+/// Response header (whole answers): the formats tool calls were recovered from, e.g.
+/// `fenced-json` (docs/api-fields.md, "Tool calls").
+pub const TOOL_RECOVERY_HEADER: &str = "x-perch-tool-call-recovered";
+/// Response header (whole answers): calls that repeat answered ones, `name; earlier=N`.
+pub const REPEATED_CALL_HEADER: &str = "x-perch-repeated-tool-call";
 
 /// A started turn and the protocol's own options for rendering it.
 pub(super) struct Exchange<P> {
@@ -66,13 +72,43 @@ impl<P> Exchange<P> {
     ) -> Response {
         let drafts_off = self.handle.drafts_off.clone();
         let prompt_tokens = self.handle.prompt_tokens;
+        let notes = self.handle.tool_notes.clone();
         let mut r = if self.stream { sse(self) } else { collect(self).await };
         r.headers_mut().insert(PROMPT_TOKENS_HEADER, prompt_tokens.into());
         if let Some(v) = drafts_off.and_then(|w| HeaderValue::from_str(&w).ok()) {
             r.headers_mut().insert(DRAFTS_HEADER, v);
         }
+        // A streamed answer's headers left before its calls were read: the request log has
+        // its notes.
+        let (recovered, repeated) = tool_notes(&notes.locked());
+        for (name, values) in [(TOOL_RECOVERY_HEADER, recovered), (REPEATED_CALL_HEADER, repeated)]
+        {
+            if let Some(v) = (!values.is_empty()).then(|| values.join(", ")) {
+                if let Ok(v) = HeaderValue::from_str(&v) {
+                    r.headers_mut().insert(name, v);
+                }
+            }
+        }
         r
     }
+}
+
+/// A turn's tool notes as the header and the request log write them: the formats calls were
+/// recovered from (each once), and the repeated calls (`name; earlier=N`).
+fn tool_notes(notes: &[ToolNote]) -> (Vec<String>, Vec<String>) {
+    let (mut recovered, mut repeated) = (Vec::<String>::new(), Vec::new());
+    for n in notes {
+        match n {
+            ToolNote::Recovered(f) if !recovered.iter().any(|r| r == f.name()) => {
+                recovered.push(f.name().into())
+            }
+            ToolNote::Recovered(_) => {}
+            ToolNote::Repeated { name, earlier } => {
+                repeated.push(format!("{name}; earlier={earlier}"))
+            }
+        }
+    }
+    (recovered, repeated)
 }
 
 pub(super) fn unix_now() -> f64 {
@@ -239,6 +275,13 @@ fn ended(app: &App, route: &Route, id: String, stream: bool, r: &TurnRecord<'_>)
             if let Some(why) = r.drafts_off {
                 tracing::info!(request = %rec.id, "{why}");
             }
+            let (recovered, repeated) = tool_notes(r.tool_notes);
+            for call in &repeated {
+                tracing::warn!(request = %rec.id, call = %call, "the model repeated a tool call the conversation already made and answered");
+            }
+            app.metrics.tool_notes(recovered.len(), repeated.len());
+            rec.tool_calls_recovered = (!recovered.is_empty()).then_some(recovered);
+            rec.repeated_tool_calls = (!repeated.is_empty()).then_some(repeated);
             if app.log.as_ref().is_some_and(|l| l.with_text) {
                 rec.prompt = r.model.tokenizer.decode(r.prompt).ok();
                 rec.completion = Some(g.text.clone());

@@ -30,6 +30,7 @@ pub struct Metrics {
     batch_size: Gauge,
     batch_slots: Gauge,
     embedding_inputs: Counter,
+    tool_notes: Family<Labels, Counter>,
 }
 
 impl Metrics {
@@ -115,7 +116,15 @@ impl Metrics {
             "Inputs embedded for users (their tokens count in perch_tokens{kind=\"embedding\"})",
             embedding_inputs.clone(),
         );
+        let tool_notes = Family::<Labels, Counter>::default();
+        registry.register(
+            "tool_call_notes",
+            "Answers whose tool calls were recovered from another format (kind=\"recovered\") \
+             or repeated a call already answered (kind=\"repeated\")",
+            tool_notes.clone(),
+        );
         Metrics {
+            tool_notes,
             embedding_inputs,
             batch_steps,
             batch_size,
@@ -138,6 +147,15 @@ impl Metrics {
     pub fn prefix_cache(&self, hit: usize, miss: usize) {
         for (kind, n) in [("hit", hit), ("miss", miss)] {
             self.prefix_tokens.get_or_create(&vec![("kind".into(), kind.into())]).inc_by(n as u64);
+        }
+    }
+
+    /// One answer's tool notes: formats recovered from, calls repeated.
+    pub fn tool_notes(&self, recovered: usize, repeated: usize) {
+        for (kind, n) in [("recovered", recovered), ("repeated", repeated)] {
+            if n > 0 {
+                self.tool_notes.get_or_create(&vec![("kind".into(), kind.into())]).inc();
+            }
         }
     }
 

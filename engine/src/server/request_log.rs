@@ -33,6 +33,12 @@ pub struct RequestRecord {
     /// Why the model's drafts were not used for this request (a constrained answer, …).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drafts_off: Option<String>,
+    /// Formats tool calls were read from besides the template's own (`fenced-json`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls_recovered: Option<Vec<String>>,
+    /// Calls repeating ones the conversation made and a tool answered: `name; earlier=N`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub repeated_tool_calls: Option<Vec<String>>,
     /// The batch it ran in: sequences per step, on average and at most (none: alone).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub batch: Option<BatchShare>,

@@ -1,9 +1,40 @@
 //! The splitter on outputs in each format, split at every position.
 
 use super::*;
+use serde_json::json;
+
+fn tool(name: &str, parameters: Value) -> Tool {
+    Tool {
+        name: name.into(),
+        definition: json!({"type": "function", "function": {"name": name, "parameters": parameters}}),
+    }
+}
+
+/// The tools these tests offer: `get_weather` needs a string `city`; `add` takes numbers only.
+fn offered() -> Vec<Tool> {
+    vec![
+        tool(
+            "get_weather",
+            json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+        ),
+        tool(
+            "add",
+            json!({"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "additionalProperties": false}),
+        ),
+    ]
+}
+
+/// A splitter as a turn offering `offered()` gets one (recovery on, as by default).
+fn splitter(format: ToolFormat) -> CallSplitter {
+    let names = offered().into_iter().map(|t| t.name).collect();
+    CallSplitter::new(format, names, None).recovering(Recovery::new(&offered()))
+}
 
 fn run(format: ToolFormat, pieces: &[&str]) -> (String, Vec<ToolCall>) {
-    let mut s = CallSplitter::new(format, vec!["get_weather".into(), "add".into()], None);
+    run_with(splitter(format), pieces).0
+}
+
+fn run_with(mut s: CallSplitter, pieces: &[&str]) -> ((String, Vec<ToolCall>), Vec<ToolNote>) {
     let mut out = Vec::new();
     for p in pieces {
         out.extend(s.push(p));
@@ -28,7 +59,7 @@ fn run(format: ToolFormat, pieces: &[&str]) -> (String, Vec<ToolCall>) {
         c.arguments = serde_json::from_str::<Value>(&c.arguments)
             .map_or_else(|_| c.arguments.clone(), |v| v.to_string());
     }
-    (content, calls)
+    ((content, calls), s.notes().to_vec())
 }
 
 /// Every split of `text` into two deltas and into single characters gives the same result,
@@ -78,11 +109,154 @@ fn a_bare_call_without_the_templates_markup_is_a_call() {
         "{\"name\": \"add\", \"arguments\": {}}\n{\"name\": \"add\", \"arguments\": {\"a\": 2}}";
     assert_eq!(all_splits(ToolFormat::TaggedCall, two).1.len(), 2);
     // JSON that is no call to an offered tool stays content, whole.
-    for text in
-        [r#"{"name": "Ann", "age": 3}"#, "```json\n{\"a\": 1}\n```", "{\"name\": \"add\"} and more"]
-    {
+    for text in [r#"{"name": "Ann", "age": 3}"#, "```json\n{\"a\": 1}\n```"] {
         assert_eq!(all_splits(ToolFormat::TaggedCall, text), (text.to_string(), vec![]));
     }
+    // A call followed by words: the call, then the words.
+    let (content, calls) = all_splits(ToolFormat::TaggedCall, "{\"name\": \"add\"} and more");
+    assert_eq!((content.as_str(), calls), (" and more", vec![("add".into(), "{}".into())]));
+}
+
+/// The text's calls and the kinds of recovery noted, fed whole.
+fn recovered(format: ToolFormat, text: &str) -> (String, Vec<(String, String)>, Vec<Foreign>) {
+    let ((content, calls), notes) = run_with(splitter(format), &[text]);
+    let calls = calls.into_iter().map(|c| (c.name, c.arguments)).collect();
+    let kinds = notes
+        .into_iter()
+        .filter_map(|n| match n {
+            ToolNote::Recovered(f) => Some(f),
+            ToolNote::Repeated { .. } => None,
+        })
+        .collect();
+    (content, calls, kinds)
+}
+
+#[test]
+fn calls_written_in_another_format_are_recovered_and_noted() {
+    let add = || vec![("add".to_string(), r#"{"a":1,"b":2}"#.to_string())];
+    // Claude Code's Write call came back from Qwen2.5-Coder-0.5B as a fenced block after words.
+    let cases = [
+        (ToolFormat::TaggedCall, "I'll add them.\n```json\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n```\nDone.", "I'll add them.\n", Foreign::FencedJson),
+        (ToolFormat::TaggedCall, "Adding.\n```\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n```", "Adding.\n", Foreign::FencedJson),
+        (ToolFormat::TaggedCall, "Sure: {\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}", "Sure: ", Foreign::BareJson),
+        (ToolFormat::TaggedCall, "<function=add>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\n2\n</parameter>\n</function>", "", Foreign::XmlFunction),
+        (ToolFormat::TaggedCall, r#"[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2}}]"#, "", Foreign::Mistral),
+        (ToolFormat::TaggedCall, r#"<|python_tag|>{"name": "add", "parameters": {"a": 1, "b": 2}}"#, "", Foreign::PythonTag),
+        (ToolFormat::Mistral, "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>", "", Foreign::TaggedCall),
+        (ToolFormat::Generic, "```json\n{\"type\": \"function\", \"function\": {\"name\": \"add\", \"arguments\": \"{\\\"a\\\": 1, \\\"b\\\": 2}\"}}\n```", "", Foreign::FencedJson),
+        (ToolFormat::PythonTag, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>add\n```json\n{\"a\": 1, \"b\": 2}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "", Foreign::DeepSeek),
+    ];
+    for (format, text, content, kind) in cases {
+        let (c, calls, kinds) = recovered(format, text);
+        let after = if text.ends_with("Done.") { "\nDone." } else { "" };
+        assert_eq!(c, format!("{content}{after}"), "{format:?}: {text}");
+        assert_eq!(calls, add(), "{format:?}: {text}");
+        assert_eq!(kinds, vec![kind], "{format:?}: {text}");
+        // Streamed in any pieces, the same.
+        all_splits(format, text);
+    }
+    // The template's own format is no recovery.
+    let native =
+        "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>";
+    assert_eq!(recovered(ToolFormat::TaggedCall, native), (String::new(), add(), vec![]));
+}
+
+#[test]
+fn only_valid_calls_of_offered_tools_are_recovered() {
+    let fenced = |call: &str| format!("Here:\n```json\n{call}\n```");
+    for call in [
+        // Not offered.
+        r#"{"name": "rm_rf", "arguments": {"path": "/"}}"#,
+        // Against the schema: a string where a number goes, a property not allowed, a
+        // required one missing.
+        r#"{"name": "add", "arguments": {"a": "one"}}"#,
+        r#"{"name": "add", "arguments": {"a": 1, "c": 3}}"#,
+        r#"{"name": "get_weather", "arguments": {}}"#,
+        // Not a call at all.
+        r#"{"a": 1}"#,
+    ] {
+        let text = fenced(call);
+        assert_eq!(
+            recovered(ToolFormat::TaggedCall, &text),
+            (text.clone(), vec![], vec![]),
+            "{call}"
+        );
+        let bare = call.to_string();
+        assert_eq!(
+            recovered(ToolFormat::TaggedCall, &bare),
+            (bare.clone(), vec![], vec![]),
+            "{call}"
+        );
+    }
+    // A tool whose schema does not compile (or points outside itself) validates nothing.
+    let bad = [tool("fetch", json!({"$ref": "https://example.com/schema.json"}))];
+    let s = CallSplitter::new(ToolFormat::TaggedCall, vec!["fetch".into()], None)
+        .recovering(Recovery::new(&bad));
+    let text = r#"{"name": "fetch", "arguments": {"url": "x"}}"#;
+    let ((content, calls), notes) = run_with(s, &[text]);
+    assert_eq!((content.as_str(), calls.len(), notes.len()), (text, 0, 0));
+}
+
+#[test]
+fn without_recovery_other_formats_stay_text() {
+    let names = || offered().into_iter().map(|t| t.name).collect::<Vec<_>>();
+    for text in [
+        r#"{"name": "add", "arguments": {"a": 1}}"#,
+        "```json\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n```",
+        "<function=add>\n<parameter=a>\n1\n</parameter>\n</function>",
+    ] {
+        let s = CallSplitter::new(ToolFormat::TaggedCall, names(), None);
+        let ((content, calls), notes) = run_with(s, &[text]);
+        assert_eq!((content.as_str(), calls.len(), notes.len()), (text, 0, 0));
+    }
+    // The generic format's bare object is its own format, not a recovery.
+    let s = CallSplitter::new(ToolFormat::Generic, names(), None);
+    let ((_, calls), notes) = run_with(s, &[r#"{"name": "add", "arguments": {"a": 1}}"#]);
+    assert_eq!((calls.len(), notes.len()), (1, 0));
+}
+
+#[test]
+fn a_call_repeating_an_answered_one_is_noted() {
+    use crate::chat::ChatMessage;
+    let call = |name: &str, args: Value| json!({"id": "c1", "type": "function", "function": {"name": name, "arguments": args}});
+    let mut asked = ChatMessage::new("assistant", "");
+    asked.tool_calls = vec![call("add", json!({"a": 1, "b": 2}))];
+    let mut unanswered = ChatMessage::new("assistant", "");
+    unanswered.tool_calls = vec![call("get_weather", json!({"city": "Oslo"}))];
+    let messages = [
+        ChatMessage::new("user", "add 1 and 2"),
+        asked.clone(),
+        ChatMessage::new("tool", "3"),
+        asked,
+        ChatMessage::new("tool", "3"),
+        unanswered,
+    ];
+    let answered = answered_calls(&messages);
+    assert_eq!(answered.len(), 2, "the call without a result after it is not counted");
+    let repeated = |format, text: &str| {
+        let s = splitter(format).after_calls(answered.clone());
+        let (_, notes) = run_with(s, &[text]);
+        notes
+    };
+    // Streamed (its arguments as they came) and whole, in the template's format or recovered.
+    let tagged =
+        "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"b\": 2, \"a\": 1}}\n</tool_call>";
+    let expect = vec![ToolNote::Repeated { name: "add".into(), earlier: 2 }];
+    assert_eq!(repeated(ToolFormat::TaggedCall, tagged), expect);
+    let arguments_as_text =
+        "<tool_call>\n{\"arguments\": {\"a\": 1, \"b\": 2}, \"name\": \"add\"}\n</tool_call>";
+    assert_eq!(repeated(ToolFormat::TaggedCall, arguments_as_text), expect);
+    let fenced = "```json\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n```";
+    let notes = repeated(ToolFormat::TaggedCall, fenced);
+    assert!(
+        notes.contains(&expect[0]) && notes.contains(&ToolNote::Recovered(Foreign::FencedJson))
+    );
+    // Other arguments, or a call never answered: nothing to say.
+    let other =
+        "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 3}}\n</tool_call>";
+    assert_eq!(repeated(ToolFormat::TaggedCall, other), vec![]);
+    let weather = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>";
+    assert_eq!(repeated(ToolFormat::TaggedCall, weather), vec![]);
 }
 
 #[test]
