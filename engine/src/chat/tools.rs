@@ -82,6 +82,12 @@ impl ToolFormat {
         }
     }
 
+    /// Calls written as a bare `{"name", …}` object are this format's own: the generic
+    /// format has no markup, and Llama 3.x writes custom tools' calls without its tag.
+    fn writes_bare_calls(self) -> bool {
+        matches!(self, ToolFormat::Generic | ToolFormat::PythonTag)
+    }
+
     /// The text that opens a call, and the one that closes it (`None`: the call runs to the
     /// end of the answer).
     fn markers(self) -> Option<(&'static str, Option<&'static str>)> {
@@ -154,9 +160,9 @@ pub struct CallSplitter {
     calls: usize,
     /// A prefix of the answer the prompt already wrote (a forced call's start).
     id_seed: u64,
-    /// An answer that opens with a bare JSON object is held to its end: the generic format
-    /// has no markup at all, and small models often drop their template's markup and write
-    /// just the call (a recovery). Decided once, at the end.
+    /// An answer that opens with a bare JSON object is held to its end: some formats write
+    /// calls bare (`writes_bare_calls`), and small models often drop their template's markup
+    /// and write just the call (a recovery). Decided once, at the end.
     bare_hold: bool,
     tool_names: Vec<String>,
     stream: Stream,
@@ -193,7 +199,7 @@ impl CallSplitter {
             in_call: false,
             calls: 0,
             id_seed,
-            bare_hold: format == ToolFormat::Generic,
+            bare_hold: format.writes_bare_calls(),
             tool_names,
             stream: Stream::Undecided,
             max_calls: usize::MAX,
@@ -493,8 +499,8 @@ impl CallSplitter {
         self.bare_hold = false;
         let Some(calls) = recover::json_calls(start.trim_end()) else { return false };
         let offered = match &mut self.recovery {
-            // The generic format's own calls: named tools are enough.
-            _ if self.format == ToolFormat::Generic => {
+            // The format's own calls: named tools are enough.
+            _ if self.format.writes_bare_calls() => {
                 calls.iter().all(|(n, _)| self.tool_names.contains(n))
             }
             Some(r) => calls.iter().all(|(n, a)| r.accepts(n, a)),
@@ -503,7 +509,7 @@ impl CallSplitter {
         if calls.is_empty() || !offered {
             return false;
         }
-        if self.format != ToolFormat::Generic {
+        if !self.format.writes_bare_calls() {
             self.notes.push(ToolNote::Recovered(Foreign::BareJson));
         }
         self.held.clear();
