@@ -264,10 +264,10 @@ fn the_prefills_marks_reach_the_disk_and_serve_another_conversation_after_a_rest
         }
     }
     let files = || std::fs::read_dir(dir.path()).unwrap().count();
-    // The prefill kept at most MAX_MARKS of its 18 chunk ends, spread over the prompt (64,
+    // The prefill kept at most MAX_PREFILL_STATES of its 18 chunk ends, spread over the prompt (64,
     // 128, 192 and 256); marks of at least 256 tokens go to disk: the one at 256 and the final
     // state (the writer thread runs on its own).
-    assert_eq!(perch_engine::decode::common::MAX_MARKS, 4);
+    assert_eq!(perch_engine::decode::request::MAX_PREFILL_STATES, 4);
     wait_for(|| files() == 2);
 
     // After a restart, another conversation sharing the first 250 tokens: the mark at 256

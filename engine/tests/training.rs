@@ -450,7 +450,7 @@ async fn a_window_that_dies_mid_work_is_closed_by_the_run_end() {
     install_fixture("qwen3-mtp", &models.path().join("qwen3-mtp"));
     let s = start(models.path(), "qwen3-mtp").await;
     // The window panics after it has stamped its start: nothing in the window closes it.
-    s.front.app().unwrap().training.panic_next_window();
+    s.app_host.app().unwrap().training.panic_next_window();
     let body = json!({"adapter": "dies", "text": pattern_text(4000), "seq_len": 64, "epochs": 5});
     let (code, st) = call(&s, Method::POST, "/train", Some(body)).await;
     assert_eq!(code, 201, "{st}");
@@ -479,7 +479,7 @@ async fn a_start_that_fails_on_the_mlx_thread_ends_the_run() {
     let s = start(models.path(), "qwen3").await;
     // The model is resident (its lease needs no MLX job); the trainer's setup then cannot be
     // handed to the MLX thread.
-    s.front.app().unwrap().engine.mlx.close();
+    s.app_host.app().unwrap().engine.mlx.close();
     let body = json!({"adapter": "never", "text": pattern_text(400), "seq_len": 64});
     let (code, st) = call(&s, Method::POST, "/train", Some(body.clone())).await;
     assert_eq!(code, 500, "{st}");

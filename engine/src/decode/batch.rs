@@ -13,12 +13,12 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::eval;
 use mlx_rs::Array;
 
-use super::common::{
-    begin, cancelled_early, host_u32, BatchShare, Begin, DraftMode, DraftStats, Ended,
-    GenerateParams, Marks, Request, TokenLogprob,
-};
 use super::guided::Guide;
 use super::output::OutputCore;
+use super::request::{
+    begin, cancelled_early, host_u32, BatchShare, Begin, DraftMode, DraftStats, Ended,
+    GenerateParams, PrefillStates, Request, TokenLogprob,
+};
 use super::sampler::Sampler;
 use super::speculative::{lookup_draft, lookup_round, next_draft_len};
 use crate::error::{EngineError, Result};
@@ -45,7 +45,7 @@ pub struct Sequence {
     /// Per-step host work (logprobs, grammars), when it has any.
     guide: Option<Guide>,
     out: Option<OutputCore>,
-    marks: Marks,
+    marks: PrefillStates,
     cancel: Arc<AtomicBool>,
     on_piece: OnPiece,
     /// Why it stopped early with an error of its own (its grammar failed); the others go on.
@@ -117,7 +117,7 @@ impl Sequence {
             sampler,
             guide,
             out: Some(out),
-            marks: Marks::new(true),
+            marks: PrefillStates::new(true),
             cancel,
             on_piece,
             failed: None,

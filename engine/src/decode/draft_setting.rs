@@ -7,7 +7,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::common::{DraftMode, MAX_MTP_DEPTH};
+use super::request::{DraftMode, MAX_MTP_DEPTH};
 use crate::model::LoadedModel;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]

@@ -7,11 +7,11 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::async_eval;
 use mlx_rs::Array;
 
-use super::common::{
-    begin, cancelled_early, host_u32, prefill, token_array, Begin, DraftMode, Ended,
-    GenerateParams, Generation, Marks, Request, TokenLogprob,
-};
 use super::output::Output;
+use super::request::{
+    begin, cancelled_early, host_u32, prefill, token_array, Begin, DraftMode, Ended,
+    GenerateParams, Generation, PrefillStates, Request, TokenLogprob,
+};
 use crate::error::Result;
 use crate::model::kv_cache::{KvCache, KvState};
 use crate::model::LoadedModel;
@@ -27,7 +27,7 @@ fn generate_plain(
     let Request { model, prompt, params, cancel, marks: keep_marks } = req;
 
     let last = prompt[prompt.len() - 1];
-    let mut marks = Marks::new(keep_marks);
+    let mut marks = PrefillStates::new(keep_marks);
     let head = reused..prompt.len() - 1;
     if !prefill(model, prompt, head, params.prefill_chunk, &mut caches, cancel, &mut marks)? {
         // What was prefilled stays usable: a retry of the same prompt starts from it.
@@ -113,7 +113,7 @@ pub fn generate_from(
 }
 
 /// `generate_from`, also returning the states the prefill kept on its way: on models with
-/// sliding-window layers, the caches after each prefill chunk (`common::Marks`), which a later
+/// sliding-window layers, the caches after each prefill chunk (`request::PrefillStates`), which a later
 /// prompt sharing only part of this one can start from.
 pub fn generate_marked(
     model: &LoadedModel,

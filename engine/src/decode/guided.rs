@@ -7,11 +7,11 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::Array;
 
-use super::common::{
-    begin, cancelled_early, host_u32, prefill, token_array, Begin, Ended, GenerateParams, Marks,
-    Request, TokenLogprob, TopLogprob,
-};
 use super::output::Output;
+use super::request::{
+    begin, cancelled_early, host_u32, prefill, token_array, Begin, Ended, GenerateParams,
+    PrefillStates, Request, TokenLogprob, TopLogprob,
+};
 use super::sampler::Sampler;
 use crate::error::{EngineError, Result};
 use crate::model::kv_cache::KvState;
@@ -27,7 +27,7 @@ pub(crate) fn generate(
 ) -> Result<Ended> {
     let Begin { max_tokens, start, mut sampler, mut caches, reused, .. } = begin(&req, from)?;
     let Request { model, prompt, params, cancel, marks: keep_marks } = req;
-    let mut marks = Marks::new(keep_marks);
+    let mut marks = PrefillStates::new(keep_marks);
     let head = reused..prompt.len() - 1;
     if !prefill(model, prompt, head, params.prefill_chunk, &mut caches, cancel, &mut marks)? {
         // What was prefilled stays usable: a retry of the same prompt starts from it.

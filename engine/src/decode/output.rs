@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use super::common::{DraftStats, FinishReason, GenerateParams, Generation, TokenLogprob};
+use super::request::{DraftStats, FinishReason, GenerateParams, Generation, TokenLogprob};
 use super::stop::StopMatcher;
 use crate::error::Result;
 use crate::model::LoadedModel;

@@ -233,7 +233,7 @@ pub(crate) struct Request<'a> {
     pub prompt: &'a [u32],
     pub params: &'a GenerateParams,
     pub cancel: Option<&'a AtomicBool>,
-    /// Whether the prefill keeps states on its way (`Marks`): only callers that store them.
+    /// Whether the prefill keeps states on its way (`PrefillStates`): only callers that store them.
     pub marks: bool,
 }
 
@@ -305,7 +305,7 @@ impl Ended {
         Ended { generation, caches, mtp, marks: vec![] }
     }
 
-    pub fn with_marks(self, marks: Marks) -> Ended {
+    pub fn with_marks(self, marks: PrefillStates) -> Ended {
         Ended { marks: marks.states, ..self }
     }
 
@@ -343,7 +343,7 @@ pub(crate) fn prefill(
     chunk: usize,
     caches: &mut [KvCache],
     cancel: Option<&AtomicBool>,
-    marks: &mut Marks,
+    marks: &mut PrefillStates,
 ) -> Result<bool> {
     let mut at = range.start;
     for chunk in prompt[range.clone()].chunks(chunk.max(1)) {
@@ -365,23 +365,23 @@ pub(crate) fn prefill(
 /// attention layers' grow with the prompt), so keeping one per chunk made a long prompt's
 /// memory grow with its square; past this many, every other one goes and marks are offered
 /// half as often, so the kept ones stay spread over the whole prompt.
-pub const MAX_MARKS: usize = 4;
+pub const MAX_PREFILL_STATES: usize = 4;
 
 /// The states a prefill keeps on its way, when the caller stores them (`Request::marks`).
-pub(crate) struct Marks {
+pub(crate) struct PrefillStates {
     keep: bool,
     pub states: Vec<KvState>,
     spread: Spread,
 }
 
-/// Which of a prefill's chunk ends are kept (see `MAX_MARKS`): multiples of a stride that
+/// Which of a prefill's chunk ends are kept (see `MAX_PREFILL_STATES`): multiples of a stride that
 /// doubles each time the kept ones would pass the bound.
 #[derive(Debug, Default)]
 struct Spread {
     /// Chunk ends seen so far.
     seen: usize,
     stride: usize,
-    /// The chunk ends kept, in order (parallel to `Marks::states`).
+    /// The chunk ends kept, in order (parallel to `PrefillStates::states`).
     kept: Vec<usize>,
 }
 
@@ -396,7 +396,7 @@ impl Spread {
     /// After keeping one: which kept ones to drop (indices, descending) to stay in bound.
     fn thin(&mut self) -> Vec<usize> {
         self.kept.push(self.seen);
-        if self.kept.len() <= MAX_MARKS {
+        if self.kept.len() <= MAX_PREFILL_STATES {
             return vec![];
         }
         self.stride *= 2;
@@ -410,9 +410,9 @@ impl Spread {
     }
 }
 
-impl Marks {
-    pub fn new(keep: bool) -> Marks {
-        Marks { keep, states: vec![], spread: Spread::default() }
+impl PrefillStates {
+    pub fn new(keep: bool) -> PrefillStates {
+        PrefillStates { keep, states: vec![], spread: Spread::default() }
     }
 
     /// Keep the caches after `prompt[..at]` as a state of their own when some layer is a
@@ -503,7 +503,7 @@ mod spread_tests {
                 }
             }
             assert_eq!(kept, s.kept);
-            assert!(kept.len() <= MAX_MARKS, "{chunks} chunks kept {kept:?}");
+            assert!(kept.len() <= MAX_PREFILL_STATES, "{chunks} chunks kept {kept:?}");
             assert!(!kept.is_empty(), "{chunks} chunks kept nothing");
             // Spread over the prompt: the last kept is past its first half, the first kept
             // within its first half (a shared system prompt early on still finds one).

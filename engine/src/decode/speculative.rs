@@ -17,11 +17,11 @@ use mlx_rs::ops::{self, concatenate};
 use mlx_rs::transforms::eval;
 use mlx_rs::{random, Array};
 
-use super::common::{
-    begin, cancelled_early, token_array, Begin, DraftMode, DraftStats, Ended, Marks, Request,
-    TokenLogprob,
-};
 use super::output::Output;
+use super::request::{
+    begin, cancelled_early, token_array, Begin, DraftMode, DraftStats, Ended, PrefillStates,
+    Request, TokenLogprob,
+};
 use super::sampler::Sampler;
 use crate::error::{EngineError, Result};
 use crate::model::kv_cache::{KvCache, KvState};
@@ -300,7 +300,7 @@ pub(crate) fn generate(
     let last = &prompt[prompt.len() - 1..];
     let head = &prompt[reused..prompt.len() - 1];
     let chunk = params.prefill_chunk.max(1);
-    let mut marks = Marks::new(keep_marks);
+    let mut marks = PrefillStates::new(keep_marks);
     for (c, ids) in head.chunks(chunk).enumerate() {
         if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
             // What was prefilled stays usable: a retry of the same prompt starts from it.

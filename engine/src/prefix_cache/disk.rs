@@ -88,7 +88,7 @@ struct Job {
 /// States copied out and waiting for the writer, at most: one turn's kept marks and its final
 /// state. Each is a whole f32 copy of a state: an unbounded queue let a long cold prompt's
 /// marks pile up in memory faster than the disk took them.
-const WRITER_QUEUE: usize = crate::decode::common::MAX_MARKS + 1;
+const WRITER_QUEUE: usize = crate::decode::request::MAX_PREFILL_STATES + 1;
 
 pub(super) struct DiskTier {
     dir: PathBuf,

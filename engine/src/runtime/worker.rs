@@ -18,7 +18,7 @@ use tokio::sync::oneshot;
 use super::batch::{Batch, BatchStats};
 use super::ladder::RungWork;
 use super::warmup::{prompt_of_length, WarmupWork};
-use crate::decode::common::token_array;
+use crate::decode::request::token_array;
 use crate::decode::{generate, AdapterRef, DraftMode, GenerateParams};
 use crate::error::{EngineError, Result};
 use crate::model::encoder::Encoder;

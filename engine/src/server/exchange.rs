@@ -33,11 +33,11 @@ pub(super) struct Route {
     pub prompt_param: &'static str,
 }
 
-/// A body parsed into a turn, with what the protocol needs to render it (`wire`).
+/// A body parsed into a turn, with what the protocol needs to render it (`render`).
 pub(super) struct Parsed<P> {
     pub turn: Turn,
     pub stream: bool,
-    pub wire: P,
+    pub render: P,
 }
 
 /// Set when a turn decodes without the drafts its model would use, with the reason.
@@ -55,7 +55,7 @@ pub(super) struct Exchange<P> {
     pub id: String,
     pub handle: TurnHandle,
     pub stream: bool,
-    pub wire: P,
+    pub render: P,
     /// While the exchange lives, shutdown can cancel its turn.
     _in_flight: InFlight,
 }
@@ -166,7 +166,7 @@ pub(super) async fn start<P: Send + 'static>(
             ))
         })
         .map_err(|e| failed("", false, e))?;
-    let Parsed { turn, stream, wire } = parsed;
+    let Parsed { turn, stream, render } = parsed;
     let model = turn.model.to_string();
     let on_end = {
         let (app, id) = (app.clone(), id.clone());
@@ -177,7 +177,7 @@ pub(super) async fn start<P: Send + 'static>(
         .await
         .map_err(|e| failed(&model, stream, ApiError::engine(&e, route.prompt_param)))?;
     let in_flight = InFlight::register(app, n, handle.cancel_flag());
-    Ok(Exchange { id, handle, stream, wire, _in_flight: in_flight })
+    Ok(Exchange { id, handle, stream, render, _in_flight: in_flight })
 }
 
 /// A request refused before it ran, in the metrics and the request log.
@@ -213,7 +213,7 @@ pub(super) async fn embed<P: Send + 'static>(
     let id = super::ids::random_id(route.id_prefix);
     let failed = |model: &str, e: ApiError| refused(app, route, &id, model, false, e);
     let bytes = body_bytes(app, body).map_err(|e| failed("", e))?;
-    let (req, wire) = tokio::task::spawn_blocking(move || parse(&bytes))
+    let (req, render) = tokio::task::spawn_blocking(move || parse(&bytes))
         .await
         .unwrap_or_else(|e| {
             Err(ApiError::new(
@@ -240,7 +240,7 @@ pub(super) async fn embed<P: Send + 'static>(
             ..Default::default()
         });
     }
-    Ok((done, wire))
+    Ok((done, render))
 }
 
 /// A turn's end, in the metrics and the request log (on the generation's thread, before

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
 use super::error::{ApiError, Dialect};
-use super::Front;
+use super::AppHost;
 
 /// Whether `host` (a Host header: name or address, optional port) is this machine by a
 /// loopback name, or one of the configured names.
@@ -97,8 +97,8 @@ fn key_ok(headers: &HeaderMap, key: &str) -> bool {
     given.len() == key.len() && bool::from(given.as_bytes().ct_eq(key.as_bytes()))
 }
 
-pub async fn guard(State(front): State<Arc<Front>>, req: Request, next: Next) -> Response {
-    let config = front.guard_config();
+pub async fn guard(State(app_host): State<Arc<AppHost>>, req: Request, next: Next) -> Response {
+    let config = app_host.guard_config();
     let dialect = Dialect::of_path(req.uri().path());
     let headers = req.headers();
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("");

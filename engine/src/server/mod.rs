@@ -227,7 +227,7 @@ pub fn router(app: Arc<App>) -> Router {
 /// What the listener serves, and outlives engine restarts: the UI at `/`, the control API
 /// under `/perch/` (when an owner installs one), and the current engine's API — or, while there
 /// is none (restarting, failed), a JSON 503 that says why.
-pub struct Front {
+pub struct AppHost {
     hosted: RwLock<Option<(Arc<App>, Router)>>,
     /// The limits the guard applies; kept across restarts so a key never lapses.
     guard: RwLock<Arc<ServeConfig>>,
@@ -236,7 +236,7 @@ pub struct Front {
     unavailable: RwLock<String>,
 }
 
-impl Front {
+impl AppHost {
     pub fn app(&self) -> Option<Arc<App>> {
         self.hosted.read_now().as_ref().map(|(a, _)| a.clone())
     }
@@ -258,10 +258,10 @@ impl Front {
     }
 }
 
-async fn dispatch(State(front): State<Arc<Front>>, req: Request) -> Response {
+async fn dispatch(State(app_host): State<Arc<AppHost>>, req: Request) -> Response {
     let path = req.uri().path();
     if is_control(path) {
-        let control = front.control.read_now().clone();
+        let control = app_host.control.read_now().clone();
         return match control {
             Some(r) => r.oneshot(req).await.into_response(),
             None => ApiError::new(
@@ -273,11 +273,11 @@ async fn dispatch(State(front): State<Arc<Front>>, req: Request) -> Response {
             .into_response_as(error::Dialect::of_path(path)),
         };
     }
-    let hosted = front.hosted.read_now().as_ref().map(|(_, r)| r.clone());
+    let hosted = app_host.hosted.read_now().as_ref().map(|(_, r)| r.clone());
     match hosted {
         Some(r) => r.oneshot(req).await.into_response(),
         None => {
-            let why = front.unavailable.read_now().clone();
+            let why = app_host.unavailable.read_now().clone();
             let mut r = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", why)
                 .code("engine_restarting")
                 .into_response_as(error::Dialect::of_path(req.uri().path()));
@@ -291,21 +291,24 @@ async fn dispatch(State(front): State<Arc<Front>>, req: Request) -> Response {
 /// Ollama's port, for tools that hard-code it (the `ollama_port` setting).
 pub const OLLAMA_PORT: u16 = 11434;
 
-/// Another listener on a front (the same UI, APIs and guard, whatever engine is hosted);
+/// Another listener on an app host (the same UI, APIs and guard, whatever engine is hosted);
 /// dropping it stops accepting connections and lets its requests finish.
 pub struct ExtraListener {
     pub addr: SocketAddr,
-    front: Arc<Front>,
+    app_host: Arc<AppHost>,
     _stop: oneshot::Sender<()>,
 }
 
 impl ExtraListener {
-    /// Listen on `addr` too, serving `front`.
-    pub async fn bind(front: &Arc<Front>, addr: SocketAddr) -> Result<ExtraListener, ServeError> {
+    /// Listen on `addr` too, serving `app_host`.
+    pub async fn bind(
+        app_host: &Arc<AppHost>,
+        addr: SocketAddr,
+    ) -> Result<ExtraListener, ServeError> {
         let listener =
             tokio::net::TcpListener::bind(addr).await.map_err(|e| ServeError::Bind(addr, e))?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let service = front_router(front.clone());
+        let service = app_host_router(app_host.clone());
         tokio::spawn(async move {
             let served = axum::serve(listener, service).with_graceful_shutdown(async move {
                 // A dropped sender stops it too.
@@ -316,21 +319,21 @@ impl ExtraListener {
             }
         });
         tracing::info!(%addr, "also serving");
-        Ok(ExtraListener { addr, front: front.clone(), _stop: stop })
+        Ok(ExtraListener { addr, app_host: app_host.clone(), _stop: stop })
     }
 
-    /// Whether this listener serves `front`.
-    pub fn serves(&self, front: &Arc<Front>) -> bool {
-        Arc::ptr_eq(&self.front, front)
+    /// Whether this listener serves `app_host`.
+    pub fn serves(&self, app_host: &Arc<AppHost>) -> bool {
+        Arc::ptr_eq(&self.app_host, app_host)
     }
 }
 
-fn front_router(front: Arc<Front>) -> Router {
+fn app_host_router(app_host: Arc<AppHost>) -> Router {
     ui::routes()
         .fallback(dispatch)
-        .layer(axum::middleware::from_fn_with_state(front.clone(), guard::guard))
+        .layer(axum::middleware::from_fn_with_state(app_host.clone(), guard::guard))
         .layer(axum::middleware::map_response(no_sniffing))
-        .with_state(front)
+        .with_state(app_host)
 }
 
 /// Every answer, the guard's refusals included, is read as the type it says it is: a JSON
@@ -346,7 +349,7 @@ async fn no_sniffing(mut r: Response) -> Response {
 /// A running server.
 pub struct Server {
     pub addr: SocketAddr,
-    pub front: Arc<Front>,
+    pub app_host: Arc<AppHost>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<std::io::Result<()>>,
 }
@@ -375,14 +378,14 @@ impl Server {
         let listener =
             tokio::net::TcpListener::bind(addr).await.map_err(|e| ServeError::Bind(addr, e))?;
         let addr = listener.local_addr().map_err(|e| ServeError::Bind(addr, e))?;
-        let front = Arc::new(Front {
+        let app_host = Arc::new(AppHost {
             hosted: RwLock::new(None),
             guard: RwLock::new(Arc::new(config)),
             control: RwLock::new(None),
             unavailable: RwLock::new("The engine is starting".into()),
         });
         let (stop, stopped) = oneshot::channel::<()>();
-        let service = front_router(front.clone());
+        let service = app_host_router(app_host.clone());
         let task = tokio::spawn(async move {
             axum::serve(listener, service)
                 .with_graceful_shutdown(async move {
@@ -391,7 +394,7 @@ impl Server {
                 .await
         });
         tracing::info!(%addr, "serving");
-        Ok(Server { addr, front, stop: Some(stop), task })
+        Ok(Server { addr, app_host, stop: Some(stop), task })
     }
 
     /// Serve `engine` from now on (there must be none hosted).
@@ -400,7 +403,7 @@ impl Server {
         engine: Arc<Engine>,
         mut config: ServeConfig,
     ) -> Result<Arc<App>, ServeError> {
-        config.any_host = self.front.guard_config().any_host;
+        config.any_host = self.app_host.guard_config().any_host;
         let log = match &config.log_dir {
             Some(dir) => Some(
                 RequestLog::open(dir, config.log_max_bytes, 3, config.log_text)
@@ -423,22 +426,22 @@ impl Server {
             in_flight: Mutex::new(HashMap::new()),
             responses: Arc::default(),
         });
-        *self.front.guard.write_now() = Arc::new(config);
-        *self.front.hosted.write_now() = Some((app.clone(), router(app.clone())));
+        *self.app_host.guard.write_now() = Arc::new(config);
+        *self.app_host.hosted.write_now() = Some((app.clone(), router(app.clone())));
         Ok(app)
     }
 
     /// Stop routing to the current engine (new requests get a 503 saying `why`) and drain it:
     /// in-flight requests finish within `grace` or are cancelled, leases are returned.
     pub async fn unhost(&self, why: &str, grace: Duration) -> Option<Arc<App>> {
-        self.front.set_unavailable(why);
-        let app = self.front.hosted.write_now().take().map(|(a, _)| a)?;
+        self.app_host.set_unavailable(why);
+        let app = self.app_host.hosted.write_now().take().map(|(a, _)| a)?;
         app.drain(grace).await;
         Some(app)
     }
 
     pub fn app(&self) -> Option<Arc<App>> {
-        self.front.app()
+        self.app_host.app()
     }
 
     pub fn url(&self) -> String {
@@ -451,9 +454,9 @@ impl Server {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        let grace = self.front.guard_config().shutdown_grace;
+        let grace = self.app_host.guard_config().shutdown_grace;
         let mut task = self.task;
-        let app = self.front.app();
+        let app = self.app_host.app();
         // Background work stops at its next chunk; its leases drain with the requests'.
         if let Some(app) = &app {
             app.engine.stop_background();

@@ -8,7 +8,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
-use super::Front;
+use super::AppHost;
 
 const FILES: &[(&str, &str, &[u8])] = &[
     ("/", "text/html; charset=utf-8", include_bytes!("../../../ui/index.html")),
@@ -31,7 +31,7 @@ pub fn serves(path: &str) -> bool {
     FILES.iter().any(|(p, _, _)| *p == path)
 }
 
-pub fn routes() -> Router<Arc<Front>> {
+pub fn routes() -> Router<Arc<AppHost>> {
     FILES.iter().fold(Router::new(), |r, &(path, mime, body)| {
         r.route(
             path,

@@ -70,8 +70,8 @@ pub struct Supervisor {
     path: PathBuf,
     log_dir: Option<PathBuf>,
     server: tokio::sync::Mutex<Option<Server>>,
-    /// The listener's front, readable without waiting for a restart to finish.
-    front: Mutex<Option<Arc<crate::server::Front>>>,
+    /// The listener's app host, readable without waiting for a restart to finish.
+    app_host: Mutex<Option<Arc<crate::server::AppHost>>>,
     /// The settings the engine runs with (None until a valid file has been applied).
     applied: Mutex<Option<Settings>>,
     /// The listener on Ollama's port, while the setting asks for one and the port was free.
@@ -119,7 +119,7 @@ impl Supervisor {
             log_dir,
             downloads: Downloads::new(),
             server: tokio::sync::Mutex::new(None),
-            front: Mutex::new(Some(server.front.clone())),
+            app_host: Mutex::new(Some(server.app_host.clone())),
             applied: Mutex::new(None),
             status: Mutex::new(Status {
                 phase: Phase::Starting,
@@ -137,7 +137,7 @@ impl Supervisor {
             watcher: Mutex::new(None),
             runtime: tokio::runtime::Handle::current(),
         });
-        server.front.set_control(control::router(Arc::downgrade(&sup), pull::routes()));
+        server.app_host.set_control(control::router(Arc::downgrade(&sup), pull::routes()));
         *sup.server.lock().await = Some(server);
         match loaded {
             Ok(settings) => {
@@ -192,7 +192,7 @@ impl Supervisor {
 
     /// The engine being served now (None while restarting or failed). Never waits.
     pub fn app(&self) -> Option<Arc<crate::server::App>> {
-        lock(&self.front).as_ref().and_then(|f| f.app())
+        lock(&self.app_host).as_ref().and_then(|f| f.app())
     }
 
     fn set(&self, f: impl FnOnce(&mut Status)) {
@@ -256,12 +256,12 @@ impl Supervisor {
     }
 
     /// Listen on Ollama's port while the applied settings ask for it (and the port is free),
-    /// on the front that serves now (a new port means a new front).
+    /// on the app host that serves now (a new port means a new app host).
     async fn sync_ollama_port(&self) {
         let want = self.settings().is_some_and(|s| s.ollama_port);
-        let front = lock(&self.front).clone();
+        let app_host = lock(&self.app_host).clone();
         let mut listener = self.ollama_listener.lock().await;
-        let keep = match (&*listener, &front) {
+        let keep = match (&*listener, &app_host) {
             (Some(l), Some(f)) => want && l.serves(f),
             _ => false,
         };
@@ -271,13 +271,13 @@ impl Supervisor {
         }
         let (mut url, mut error) = (listener.as_ref().map(|l| format!("http://{}", l.addr)), None);
         if want && listener.is_none() {
-            if let Some(front) = front {
+            if let Some(app_host) = app_host {
                 let ip = self.server.lock().await.as_ref().map(|s| s.addr.ip());
                 let addr = std::net::SocketAddr::new(
                     ip.unwrap_or(std::net::IpAddr::from([127, 0, 0, 1])),
                     crate::server::OLLAMA_PORT,
                 );
-                match crate::server::ExtraListener::bind(&front, addr).await {
+                match crate::server::ExtraListener::bind(&app_host, addr).await {
                     Ok(l) => {
                         url = Some(format!("http://{}", l.addr));
                         *listener = Some(l);
@@ -329,7 +329,7 @@ impl Supervisor {
         if new.port != 0 && new.port != server.addr.port() {
             match Server::bind(ServeConfig::from_settings(&new, self.log_dir.clone())).await {
                 Ok(s) => {
-                    s.front.set_control(server.front.control_router());
+                    s.app_host.set_control(server.app_host.control_router());
                     moved = Some(s);
                 }
                 Err(e) => {
@@ -358,7 +358,7 @@ impl Supervisor {
         }
         if let Some(new_server) = moved {
             let old_server = std::mem::replace(server, new_server);
-            *lock(&self.front) = Some(server.front.clone());
+            *lock(&self.app_host) = Some(server.app_host.clone());
             // In the background: the request that asked for this move is still on the old
             // listener, and its graceful shutdown would wait for it.
             tokio::spawn(old_server.shutdown());
@@ -369,7 +369,7 @@ impl Supervisor {
             s.phase = if old.is_some() { Phase::Restarting } else { Phase::Starting };
             s.message = format!("Loading {}…", new.default_model);
         });
-        server.front.set_unavailable(format!(
+        server.app_host.set_unavailable(format!(
             "The engine is loading {}; try again in a moment",
             new.default_model
         ));
@@ -398,7 +398,7 @@ impl Supervisor {
             }
             Err(e) => {
                 tracing::error!("the engine could not start: {e}");
-                server.front.set_unavailable(format!("The engine could not start: {e}"));
+                server.app_host.set_unavailable(format!("The engine could not start: {e}"));
                 let problem = ConfigError::Invalid {
                     field: "default_model".into(),
                     message: format!("the engine could not start with these settings: {e}"),

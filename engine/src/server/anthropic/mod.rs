@@ -25,7 +25,7 @@ use request::Endpoint;
 const MESSAGES: Route = Route { name: "messages", id_prefix: "msg", prompt_param: "messages" };
 
 /// What rendering needs besides the turn's events.
-pub(super) struct Wire {
+pub(super) struct RenderOptions {
     stop_sequences: Vec<String>,
     omit_thinking: bool,
 }
@@ -39,7 +39,10 @@ pub async fn messages(
         Ok(Parsed {
             stream: r.stream,
             turn: r.turn,
-            wire: Wire { stop_sequences: r.stop_sequences, omit_thinking: r.omit_thinking },
+            render: RenderOptions {
+                stop_sequences: r.stop_sequences,
+                omit_thinking: r.omit_thinking,
+            },
         })
     };
     match exchange::start(&app, &MESSAGES, body, parse).await {

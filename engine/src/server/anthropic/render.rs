@@ -11,7 +11,7 @@ use axum::Json;
 use futures_util::stream::{self, Stream};
 use serde_json::{json, Value};
 
-use super::Wire;
+use super::RenderOptions;
 use crate::chat::ToolCall;
 use crate::decode::FinishReason;
 use crate::error::EngineError;
@@ -31,8 +31,9 @@ fn usage(u: Usage) -> Value {
 
 /// `stop_reason` and `stop_sequence`: a call ends the answer as `tool_use`; a stop string
 /// is reported only when it is one the client sent (not the end of a call Perch added).
-fn stop_of(end: &TurnEnd, called: bool, wire: &Wire) -> (&'static str, Value) {
-    let matched = end.generation.stop_sequence.as_ref().filter(|s| wire.stop_sequences.contains(s));
+fn stop_of(end: &TurnEnd, called: bool, render: &RenderOptions) -> (&'static str, Value) {
+    let matched =
+        end.generation.stop_sequence.as_ref().filter(|s| render.stop_sequences.contains(s));
     match (end.finish_reason, called, matched) {
         (FinishReason::Length, _, _) => ("max_tokens", Value::Null),
         (_, true, _) => ("tool_use", Value::Null),
@@ -55,7 +56,7 @@ fn input_of(c: &ToolCall) -> Value {
 }
 
 /// The whole answer as one `message`.
-pub(super) async fn collect(mut x: Exchange<Wire>) -> Response {
+pub(super) async fn collect(mut x: Exchange<RenderOptions>) -> Response {
     let (answer, end) = match x.handle.answer().await {
         Ok(done) => done,
         Err(e) => return engine_error(&e).into_response_as(Dialect::Anthropic),
@@ -64,7 +65,7 @@ pub(super) async fn collect(mut x: Exchange<Wire>) -> Response {
     let mut content = vec![];
     if reasoned {
         // `display: omitted`: the block stays, its text does not.
-        let thinking = if x.wire.omit_thinking { String::new() } else { reasoning };
+        let thinking = if x.render.omit_thinking { String::new() } else { reasoning };
         content.push(json!({"type": "thinking", "thinking": thinking, "signature": ""}));
     }
     if !text.is_empty() || (calls.is_empty() && content.is_empty()) {
@@ -73,7 +74,7 @@ pub(super) async fn collect(mut x: Exchange<Wire>) -> Response {
     for c in &calls {
         content.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input_of(c)}));
     }
-    let (stop_reason, stop_sequence) = stop_of(&end, !calls.is_empty(), &x.wire);
+    let (stop_reason, stop_sequence) = stop_of(&end, !calls.is_empty(), &x.render);
     Json(json!({
         "id": x.id, "type": "message", "role": "assistant", "model": x.handle.model,
         "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence,
@@ -92,7 +93,7 @@ enum Open {
 }
 
 struct SseState {
-    x: Exchange<Wire>,
+    x: Exchange<RenderOptions>,
     queue: VecDeque<Event>,
     started: bool,
     done: bool,
@@ -163,7 +164,7 @@ impl SseState {
                     Open::Thinking,
                     json!({"type": "thinking", "thinking": "", "signature": ""}),
                 );
-                if !self.x.wire.omit_thinking {
+                if !self.x.render.omit_thinking {
                     self.delta(i, json!({"type": "thinking_delta", "thinking": text}));
                 }
             }
@@ -191,7 +192,7 @@ impl SseState {
             }
             Some(TurnEvent::End(end)) => {
                 self.close();
-                let (stop_reason, stop_sequence) = stop_of(&end, self.called, &self.x.wire);
+                let (stop_reason, stop_sequence) = stop_of(&end, self.called, &self.x.render);
                 self.push(
                     "message_delta",
                     json!({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}, "usage": usage(end.usage)}),
@@ -213,7 +214,7 @@ impl SseState {
 /// The answer as Anthropic's event stream. `ping` events keep a client's read timeout at
 /// bay while a long prompt prefills.
 pub(super) fn sse(
-    x: Exchange<Wire>,
+    x: Exchange<RenderOptions>,
     keep_alive: std::time::Duration,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let state = SseState {

@@ -153,7 +153,7 @@ async fn run(app: Arc<App>, endpoint: Endpoint, body: Result<Bytes, BytesRejecti
         let r = request::parse(endpoint, bytes, defaults)?;
         let turn =
             r.turn.ok_or_else(|| ApiError::invalid(route.prompt_param, "nothing to generate"))?;
-        Ok(Parsed { stream: r.stream, turn, wire: endpoint })
+        Ok(Parsed { stream: r.stream, turn, render: endpoint })
     };
     match exchange::start(&app, route, body, parse).await {
         Ok(x) => x.answer(render::ndjson, render::collect).await,

@@ -96,7 +96,7 @@ fn merge(mut a: Value, b: Value) -> Value {
 pub(super) async fn collect(mut x: Exchange<Endpoint>) -> Response {
     match x.handle.answer().await {
         Ok((a, end)) => {
-            let body = merge(piece(x.wire, &a.text, &a.reasoning, &a.calls), done_fields(&end));
+            let body = merge(piece(x.render, &a.text, &a.reasoning, &a.calls), done_fields(&end));
             axum::Json(object(&x.handle.model, body, true)).into_response()
         }
         Err(e) => ApiError::engine(&e, "messages").into_response_as(Dialect::Ollama),
@@ -119,7 +119,7 @@ impl Ndjson {
 
     /// The next line, or `None` after the last.
     async fn next(&mut self) -> Option<Bytes> {
-        let endpoint = self.x.wire;
+        let endpoint = self.x.render;
         loop {
             if self.done {
                 return None;

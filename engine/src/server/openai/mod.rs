@@ -82,7 +82,7 @@ const COMPLETIONS: Route = Route { name: "completions", id_prefix: "cmpl", promp
 pub use super::exchange::{DRAFTS_HEADER, PROMPT_TOKENS_HEADER};
 
 /// What rendering needs besides the turn's events.
-pub(super) struct Wire {
+pub(super) struct RenderOptions {
     endpoint: Endpoint,
     include_usage: bool,
     logprobs: bool,
@@ -109,13 +109,13 @@ async fn complete(
     let route = if endpoint == Endpoint::Chat { &CHAT } else { &COMPLETIONS };
     let parse = move |bytes: &[u8], defaults: &_| {
         let r = request::parse_with(endpoint, bytes, defaults)?;
-        let wire = Wire {
+        let render = RenderOptions {
             endpoint,
             include_usage: r.include_usage,
             logprobs: r.turn.logprobs.is_some(),
             legacy_functions: r.legacy_functions,
         };
-        Ok(Parsed { stream: r.stream, turn: r.turn, wire })
+        Ok(Parsed { stream: r.stream, turn: r.turn, render })
     };
     match exchange::start(&app, route, body, parse).await {
         Ok(x) => {

@@ -11,7 +11,7 @@ use futures_util::stream::{self, Stream};
 use serde_json::{json, Value};
 
 use super::request::Endpoint;
-use super::Wire;
+use super::RenderOptions;
 use crate::chat::ToolCall;
 use crate::decode::{FinishReason, TokenLogprob};
 use crate::error::EngineError;
@@ -70,9 +70,9 @@ fn call_json(c: &ToolCall) -> Value {
 }
 
 /// The whole answer as one JSON body.
-pub(super) async fn collect(mut x: Exchange<Wire>) -> Response {
+pub(super) async fn collect(mut x: Exchange<RenderOptions>) -> Response {
     let created = unix_now() as u64;
-    let Wire { endpoint, logprobs, legacy_functions, .. } = x.wire;
+    let RenderOptions { endpoint, logprobs, legacy_functions, .. } = x.render;
     let (answer, end) = match x.handle.answer().await {
         Ok(done) => done,
         Err(e) => return error_of(endpoint, &e).into_response(),
@@ -115,7 +115,7 @@ pub(super) async fn collect(mut x: Exchange<Wire>) -> Response {
 }
 
 struct SseState {
-    x: Exchange<Wire>,
+    x: Exchange<RenderOptions>,
     created: u64,
     queue: VecDeque<Event>,
     started: bool,
@@ -127,14 +127,14 @@ struct SseState {
 
 impl SseState {
     fn object(&self) -> &'static str {
-        match self.x.wire.endpoint {
+        match self.x.render.endpoint {
             Endpoint::Chat => "chat.completion.chunk",
             Endpoint::Completion => "text_completion",
         }
     }
 
     fn chunk(&self, delta: Value, finish: Option<&str>, lps: Option<Value>) -> Event {
-        let choice = match self.x.wire.endpoint {
+        let choice = match self.x.render.endpoint {
             Endpoint::Chat => {
                 json!({"index": 0, "delta": delta, "logprobs": lps, "finish_reason": finish})
             }
@@ -143,17 +143,17 @@ impl SseState {
             }
         };
         let mut body = json!({"id": self.x.id, "object": self.object(), "created": self.created, "model": self.x.handle.model, "choices": [choice]});
-        if self.x.wire.include_usage {
+        if self.x.render.include_usage {
             body["usage"] = Value::Null;
         }
         Event::default().data(body.to_string())
     }
 
     fn lp_value(&mut self, lps: &[TokenLogprob]) -> Option<Value> {
-        if !self.x.wire.logprobs {
+        if !self.x.render.logprobs {
             return None;
         }
-        Some(match self.x.wire.endpoint {
+        Some(match self.x.render.endpoint {
             Endpoint::Chat => chat_logprobs(lps),
             Endpoint::Completion => completion_logprobs(lps, self.text_offset),
         })
@@ -174,7 +174,7 @@ impl SseState {
             Some(TurnEvent::ToolCallStart { id, name }) => {
                 let i = self.calls;
                 self.calls += 1;
-                let head = if self.x.wire.legacy_functions {
+                let head = if self.x.render.legacy_functions {
                     json!({"function_call": {"name": name, "arguments": ""}})
                 } else {
                     json!({"tool_calls": [{"index": i, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]})
@@ -184,7 +184,7 @@ impl SseState {
             }
             Some(TurnEvent::ToolCallArgs { text }) => {
                 let i = self.calls.saturating_sub(1);
-                let part = if self.x.wire.legacy_functions {
+                let part = if self.x.render.legacy_functions {
                     json!({"function_call": {"arguments": text}})
                 } else {
                     json!({"tool_calls": [{"index": i, "function": {"arguments": text}}]})
@@ -195,7 +195,7 @@ impl SseState {
             Some(TurnEvent::ToolCall(c)) => {
                 let i = self.calls;
                 self.calls += 1;
-                if self.x.wire.legacy_functions {
+                if self.x.render.legacy_functions {
                     let ev = self.chunk(
                         json!({"function_call": {"name": c.name, "arguments": c.arguments}}),
                         None,
@@ -214,17 +214,17 @@ impl SseState {
             }
             Some(TurnEvent::End(end)) => {
                 let finish =
-                    finish_of(end.finish_reason, self.calls > 0, self.x.wire.legacy_functions);
+                    finish_of(end.finish_reason, self.calls > 0, self.x.render.legacy_functions);
                 let ev = self.chunk(json!({}), Some(finish), None);
                 self.queue.push_back(ev);
-                if self.x.wire.include_usage {
+                if self.x.render.include_usage {
                     let body = json!({"id": self.x.id, "object": self.object(), "created": self.created, "model": self.x.handle.model, "choices": [], "usage": usage(end.usage)});
                     self.queue.push_back(Event::default().data(body.to_string()));
                 }
                 self.finish();
             }
             Some(TurnEvent::Failed(e)) => {
-                let e = error_of(self.x.wire.endpoint, &e);
+                let e = error_of(self.x.render.endpoint, &e);
                 self.queue.push_back(Event::default().data(e.body().to_string()));
                 self.finish();
             }
@@ -245,7 +245,7 @@ impl SseState {
 /// The answer as server-sent events: a role chunk (chat), content chunks, a finish chunk,
 /// the usage chunk when asked for, `[DONE]`.
 pub(super) fn sse(
-    x: Exchange<Wire>,
+    x: Exchange<RenderOptions>,
     keep_alive: std::time::Duration,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let state = SseState {
@@ -267,7 +267,7 @@ pub(super) fn sse(
             }
             if !s.started {
                 s.started = true;
-                if s.x.wire.endpoint == Endpoint::Chat {
+                if s.x.render.endpoint == Endpoint::Chat {
                     let ev = s.chunk(json!({"role": "assistant", "content": ""}), None, None);
                     return Some((Ok(ev), s));
                 }

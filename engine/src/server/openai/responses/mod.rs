@@ -20,7 +20,7 @@ use serde_json::json;
 use crate::server::error::ApiError;
 use crate::server::exchange::{self, Parsed, Route};
 use crate::server::App;
-use render::Wire;
+use render::RenderOptions;
 
 const RESPONSES: Route = Route { name: "responses", id_prefix: "resp", prompt_param: "input" };
 
@@ -28,13 +28,13 @@ pub async fn create(State(app): State<Arc<App>>, body: Result<Bytes, BytesReject
     let store = app.responses.clone();
     let parse = move |bytes: &[u8], defaults: &_| {
         let r = request::parse(bytes, defaults, &store)?;
-        let wire = Wire {
+        let render = RenderOptions {
             store: r.store.then_some(store),
             conversation: r.conversation,
             echo: r.echo,
             logprobs: r.logprobs,
         };
-        Ok(Parsed { stream: r.stream, turn: r.turn, wire })
+        Ok(Parsed { stream: r.stream, turn: r.turn, render })
     };
     match exchange::start(&app, &RESPONSES, body, parse).await {
         Ok(x) => {

@@ -22,7 +22,7 @@ use crate::server::error::ApiError;
 use crate::server::exchange::{unix_now, Exchange};
 
 /// What rendering needs besides the turn's events.
-pub struct Wire {
+pub struct RenderOptions {
     pub store: Option<Arc<Store>>,
     pub conversation: Vec<ChatMessage>,
     pub echo: Map<String, Value>,
@@ -42,7 +42,7 @@ struct Builder {
     id: String,
     model: String,
     created_at: u64,
-    wire: Wire,
+    render: RenderOptions,
     output: Vec<Value>,
     open: Open,
     events: VecDeque<Value>,
@@ -78,7 +78,7 @@ impl Builder {
             "status": status, "error": null, "incomplete_details": null,
             "model": self.model, "output": self.output, "usage": null,
         });
-        for (k, v) in &self.wire.echo {
+        for (k, v) in &self.render.echo {
             r[k] = v.clone();
         }
         r
@@ -203,7 +203,7 @@ impl Builder {
                     );
                 }
                 let i = self.output.len() - 1;
-                let lps = if self.wire.logprobs { logprobs_json(&logprobs) } else { vec![] };
+                let lps = if self.render.logprobs { logprobs_json(&logprobs) } else { vec![] };
                 let part = &mut self.output[i]["content"][0];
                 push_text(&mut part["text"], &text);
                 if let Some(all) = part["logprobs"].as_array_mut() {
@@ -262,8 +262,8 @@ impl Builder {
             r["incomplete_details"] = json!({"reason": "max_output_tokens"});
         }
         r["usage"] = usage(end.usage);
-        if let Some(store) = &self.wire.store {
-            let mut conversation = std::mem::take(&mut self.wire.conversation);
+        if let Some(store) = &self.render.store {
+            let mut conversation = std::mem::take(&mut self.render.conversation);
             conversation.extend(messages_of(&self.output));
             store.insert(
                 self.id.clone(),
@@ -306,12 +306,12 @@ fn messages_of(output: &[Value]) -> Vec<ChatMessage> {
     out
 }
 
-fn builder(x: &Exchange<Wire>, wire: Wire) -> Builder {
+fn builder(x: &Exchange<RenderOptions>, render: RenderOptions) -> Builder {
     Builder {
         id: x.id.clone(),
         model: x.handle.model.clone(),
         created_at: unix_now() as u64,
-        wire,
+        render,
         output: vec![],
         open: Open::None,
         events: VecDeque::new(),
@@ -320,9 +320,9 @@ fn builder(x: &Exchange<Wire>, wire: Wire) -> Builder {
 }
 
 /// The whole response as one object.
-pub async fn collect(mut x: Exchange<Wire>) -> Response {
-    let wire = std::mem::replace(&mut x.wire, empty_wire());
-    let mut b = builder(&x, wire);
+pub async fn collect(mut x: Exchange<RenderOptions>) -> Response {
+    let render = std::mem::replace(&mut x.render, empty_render_options());
+    let mut b = builder(&x, render);
     while let Some(ev) = x.handle.next().await {
         let outcome = b.on(ev);
         // Only a stream sends the events.
@@ -336,12 +336,12 @@ pub async fn collect(mut x: Exchange<Wire>) -> Response {
     ApiError::unfinished().into_response()
 }
 
-fn empty_wire() -> Wire {
-    Wire { store: None, conversation: vec![], echo: Map::new(), logprobs: false }
+fn empty_render_options() -> RenderOptions {
+    RenderOptions { store: None, conversation: vec![], echo: Map::new(), logprobs: false }
 }
 
 struct SseState {
-    x: Exchange<Wire>,
+    x: Exchange<RenderOptions>,
     b: Builder,
     done: bool,
 }
@@ -349,11 +349,11 @@ struct SseState {
 /// The response as the typed event stream; SSE comments keep a client's read timeout at bay
 /// while a long prompt prefills.
 pub fn sse(
-    mut x: Exchange<Wire>,
+    mut x: Exchange<RenderOptions>,
     keep_alive: std::time::Duration,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let wire = std::mem::replace(&mut x.wire, empty_wire());
-    let mut b = builder(&x, wire);
+    let render = std::mem::replace(&mut x.render, empty_render_options());
+    let mut b = builder(&x, render);
     b.start();
     let state = SseState { x, b, done: false };
     let events = stream::unfold(state, |mut s| async move {
