@@ -188,7 +188,8 @@ def qwen_code(url, model, task, home):
     settings.write_text(json.dumps({"usageStatisticsEnabled": False, "telemetry": {"enabled": False},
                                     "security": {"auth": {"selectedType": "openai"}}}))
     env = quiet_env(home) | {"OPENAI_API_KEY": "local", "OPENAI_BASE_URL": url + "/v1", "OPENAI_MODEL": model}
-    cmd = [str(AGENTS_DIR / "node_modules/.bin/qwen"), "--yolo", "--max-session-turns", "12", "-p", task.prompt]
+    cmd = [str(AGENTS_DIR / "node_modules/.bin/qwen"), "--yolo", "--auth-type", "openai", "--openai-api-key", "local",
+           "--openai-base-url", url + "/v1", "-m", model, "--max-session-turns", "12", task.prompt]
     return cmd, env
 
 
