@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use perch_engine::{generate, FinishReason, GenerateParams};
+use perch_engine::{generate, load_model_as, FinishReason, GenerateParams};
 
 #[test]
 fn logits_match_mlx_lm_golden() {
@@ -44,7 +44,7 @@ fn chunked_prefill_matches_one_pass() {
     // The cache must make chunk boundaries invisible: the same greedy continuation whatever
     // the prefill chunk size, including chunks that cross the cache's 256-position growth step.
     // For Gemma's sliding-window layers (window 8) the chunks also cross the ring buffer.
-    for name in ["qwen3", "gemma3"] {
+    for name in ["qwen3", "gemma3", HYBRID_FIXTURE] {
         let model = load_fixture(name);
         let g = golden(name);
         let long: Vec<u32> = g.prompt_ids.iter().copied().cycle().take(300).collect();
@@ -62,6 +62,79 @@ fn chunked_prefill_matches_one_pass() {
             assert_eq!(run(chunk), reference, "{name}: prefill chunk {chunk} changed the output");
         }
     }
+}
+
+#[test]
+fn hybrid_prefill_from_a_cached_state_matches_mlx_lm() {
+    // The prompt's head goes through the caches first (the linear-attention layers keep a
+    // convolution window and a recurrent state, the attention layers keys and values); the
+    // tail's logits must equal mlx-lm's from its own cache.
+    let model = load_fixture(HYBRID_FIXTURE);
+    let g = golden(HYBRID_FIXTURE);
+    let dir = fixture_dir(HYBRID_FIXTURE);
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).unwrap()).unwrap();
+    let split = json["split"].as_u64().unwrap() as usize;
+    let want = mlx_rs::Array::load_safetensors(dir.join("golden.safetensors")).unwrap()
+        ["split_logits"]
+        .as_slice::<f32>()
+        .to_vec();
+    let (head, tail) = g.prompt_ids.split_at(split);
+    let mut caches = model.net.new_caches();
+    let run = |ids: &[u32], caches: &mut [perch_engine::model::kv_cache::KvCache]| {
+        let tokens = mlx_rs::Array::from_slice(ids, &[1, ids.len() as i32]);
+        let logits = model.net.forward(&tokens, caches).unwrap();
+        logits.eval().unwrap();
+        logits.as_slice::<f32>().to_vec()
+    };
+    run(head, &mut caches);
+    let ours = run(tail, &mut caches);
+    let err = relative_error(&ours, &want);
+    println!("{HYBRID_FIXTURE}: prefill after a cached head, relative logit error {err:.2e}");
+    assert!(err <= 1e-3, "logits after a cached head differ from mlx-lm by {err:.2e} relative");
+}
+
+#[test]
+fn hybrid_in_the_hugging_face_layout_loads_to_the_same_logits() {
+    // The fixture rewritten as a Hugging Face multimodal checkpoint stores it: the language
+    // model under `model.language_model.`, its config under `text_config`, norms as offsets
+    // from 1, the convolution as [C, 1, K], beside a vision tower and an MTP head that are
+    // not run. It must load to the same model.
+    use mlx_rs::Array;
+    let src = fixture_dir(HYBRID_FIXTURE);
+    let dir = tempfile::tempdir().unwrap();
+    let mut out = std::collections::HashMap::new();
+    for (name, a) in Array::load_safetensors(src.join("model.safetensors")).unwrap() {
+        let name = match name.strip_prefix("language_model.model.") {
+            Some(rest) => format!("model.language_model.{rest}"),
+            None => name.replace("language_model.lm_head", "lm_head"),
+        };
+        let offset_norm = ["layernorm.weight", "q_norm.weight", "k_norm.weight"]
+            .iter()
+            .any(|n| name.ends_with(n))
+            || name == "model.language_model.norm.weight";
+        let a = match () {
+            _ if name.ends_with("conv1d.weight") => a.swap_axes(1, 2).unwrap(),
+            _ if offset_norm => a.subtract(Array::from_f32(1.0)).unwrap(),
+            _ => a,
+        };
+        out.insert(name, a);
+    }
+    out.insert("mtp.fc.weight".into(), Array::zeros::<f32>(&[64, 128]).unwrap());
+    out.insert("model.visual.patch_embed.weight".into(), Array::zeros::<f32>(&[8]).unwrap());
+    Array::save_safetensors(&out, None, dir.path().join("model.safetensors")).unwrap();
+    let text: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let config = serde_json::json!({ "model_type": "qwen3_5", "text_config": text });
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let model = load_model_as(dir.path(), perch_engine::platform::ComputeDtype::F32)
+        .unwrap_or_else(|e| panic!("the Hugging Face layout: {e}"));
+    let g = golden(HYBRID_FIXTURE);
+    let err = relative_error(&forward_logits(&model, &g.prompt_ids), &g.logits);
+    assert!(err <= 1e-3, "the Hugging Face layout's logits differ by {err:.2e} relative");
 }
 
 /// The smallest margin a golden step may have, relative to the largest logit at that step.

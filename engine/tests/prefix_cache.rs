@@ -1,7 +1,8 @@
 //! The prefix cache is exact: a generation that starts from a cached state gives the same
 //! greedy tokens, and log-probabilities within 1e-4, as one that prefills everything, on
 //! every fixture architecture: prefixes that end inside a sliding window and prompts that
-//! cross it (Gemma 3), drafts on (prompt lookup, MTP), and the disk tier after a restart.
+//! cross it (Gemma 3), recurrent states (the Qwen3.5-style hybrid), drafts on (prompt lookup,
+//! MTP), and the disk tier after a restart.
 
 mod common;
 
@@ -280,6 +281,58 @@ fn the_prefills_marks_reach_the_disk_and_serve_another_conversation_after_a_rest
     let (warm, _) = run(&model, &second, &p, from);
     let (cold, _) = run(&model, &second, &p, None);
     assert_eq!(warm.cached_tokens, 250);
+    assert_eq!(warm.tokens, cold.tokens);
+    for (a, b) in warm.logprobs.iter().zip(&cold.logprobs) {
+        assert!((a.logprob - b.logprob).abs() < 1e-4);
+    }
+}
+
+#[test]
+fn recurrent_states_are_reused_whole_or_from_the_prefills_marks() {
+    // Hybrid fixture (layers 0 and 2 gated DeltaNet, chunks of 16): a recurrent state cannot
+    // be cut back into its past, only rolled back over its last short call.
+    let model = load_fixture(HYBRID_FIXTURE);
+    let name = HYBRID_FIXTURE;
+    let p = params(DraftMode::None, true);
+    let first = long_prompt(name, 70);
+    // The next turn holds the whole state (70 + the 11 answer tokens fed): reused whole.
+    assert_eq!(check(name, &model, &first, Tail::NextTurn(11), &p), 81);
+    // A prefix inside it: the final state cannot be cut back to 77; the prefill's mark at
+    // 64 serves it (without the marks nothing does).
+    assert_eq!(check(name, &model, &first, Tail::NextTurn(7), &p), 64);
+    assert_eq!(check_with(name, &model, &first, Tail::NextTurn(7), &p, false), 0);
+    // The mark at 48 rolls back over its chunk's last 8 tokens (a chunk this short keeps
+    // its per-token states, as a draft's verification does).
+    assert_eq!(check(name, &model, &first, Tail::Diverge(40), &p), 40);
+    // Drafts roll the recurrent state back over rejected tokens; the answer is the same.
+    let lookup = params(DraftMode::Lookup { min_ngram: 1, max_ngram: 3, max_draft: 4 }, false);
+    assert_eq!(check(name, &model, &first, Tail::Diverge(60), &lookup), 60);
+}
+
+#[test]
+fn recurrent_states_reach_the_disk_and_serve_after_a_restart() {
+    let model = load_fixture(HYBRID_FIXTURE);
+    let (dir, config) = disk_config();
+    let key = CacheKey::of(&model, None);
+    let p = params(DraftMode::None, true);
+    let first = long_prompt(HYBRID_FIXTURE, 300);
+    let (g, state, marks) = generate_marked(&model, &first, &p, None, None, |_, _| {}).unwrap();
+    {
+        let mut cache = PrefixCache::new(&config, Arc::new(PrefixStats::default()));
+        for s in cache.keep_turn(&key, state, marks, g.cached_tokens) {
+            cache.persist(&key, &s);
+        }
+    }
+    // As for the sliding windows: the mark at 256 and the final state are written.
+    wait_for(|| std::fs::read_dir(dir.path()).unwrap().count() == 2);
+    let mut second = first[..256].to_vec();
+    second.extend_from_slice(&golden(HYBRID_FIXTURE).prompt_ids[3..9]);
+    let mut cache = PrefixCache::new(&config, Arc::new(PrefixStats::default()));
+    let from = cache.lookup(&key, &second, false);
+    assert_eq!(from.as_ref().map(|s| s.len()), Some(256), "a mark read back from disk");
+    let (warm, _) = run(&model, &second, &p, from);
+    let (cold, _) = run(&model, &second, &p, None);
+    assert_eq!(warm.cached_tokens, 256);
     assert_eq!(warm.tokens, cold.tokens);
     for (a, b) in warm.logprobs.iter().zip(&cold.logprobs) {
         assert!((a.logprob - b.logprob).abs() < 1e-4);

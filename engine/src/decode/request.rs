@@ -416,14 +416,15 @@ impl PrefillStates {
     }
 
     /// Keep the caches after `prompt[..at]` as a state of their own when some layer is a
-    /// sliding-window ring. The state a generation leaves can be cut back only as far as its
-    /// rings still reach (window + slack), so without these a later prompt that shares a long
+    /// sliding-window ring or a recurrent state. The state a generation leaves can be cut back
+    /// only as far as its rings still reach (window + slack), and a recurrent state hardly at
+    /// all (`model::recurrent_state`), so without these a later prompt that shares a long
     /// prefix but not the rest (another conversation with the same system prompt) would find
     /// nothing to reuse. The arrays are shared until the next chunk writes new ones, but a
     /// kept state stops MLX from updating them in place, so callers that would throw the
     /// states away (`perch run`, `perch bench`) do not ask for them.
     pub fn mark(&mut self, prompt: &[u32], at: usize, caches: &[KvCache]) {
-        if self.keep && caches.iter().any(|c| c.ring().is_some()) && self.spread.offer() {
+        if self.keep && caches.iter().any(|c| !c.cuts_back_anywhere()) && self.spread.offer() {
             let layers = caches.to_vec();
             self.states.push(KvState { tokens: prompt[..at].to_vec(), layers, mtp: None });
             for i in self.spread.thin() {

@@ -9,6 +9,7 @@ use mlx_rs::ops::indexing::{IndexMutOp, IndexOp};
 use mlx_rs::ops::{self, concatenate, zeros_dtype};
 use mlx_rs::{Array, Dtype};
 
+use super::recurrent_state::RecurrentState;
 use crate::error::Result;
 
 /// Positions added per growth step (as mlx-lm's KVCache).
@@ -42,6 +43,8 @@ pub struct KvCache {
     /// only by `host_append`'s own copy, cleared by anything that may share them (a clone,
     /// handing them out to save or evaluate, an MLX write, whose views may outlive it).
     own: AtomicBool,
+    /// A linear-attention layer's state, which it holds instead of keys and values.
+    recurrent: Option<Box<RecurrentState>>,
 }
 
 impl Clone for KvCache {
@@ -54,6 +57,7 @@ impl Clone for KvCache {
             window: self.window,
             stored: self.stored,
             own: AtomicBool::new(false),
+            recurrent: self.recurrent.clone(),
         }
     }
 }
@@ -86,6 +90,9 @@ fn data_ptr(_: &Array) -> *mut f32 {
 /// Positions a sliding-window cache keeps beyond its window, so that speculative decoding can
 /// roll back up to this many rejected draft tokens.
 pub const SLIDING_SLACK: i32 = 32;
+
+// A recurrent state rolls back over any draft a sliding window can.
+const _: () = assert!(super::recurrent_state::ROLLBACK_TOKENS > SLIDING_SLACK);
 
 /// Write `src` ([B, H, n, D], n <= cap) as positions first.. into a ring of `cap` slots.
 fn write_ring(buf: &mut Array, src: &Array, first: i32, cap: i32) {
@@ -329,6 +336,11 @@ impl KvCache {
     /// this and can roll back no further than they reach.
     pub fn trim(&mut self, n: i32) -> i32 {
         let mut n = n.clamp(0, self.offset);
+        if let Some(r) = &mut self.recurrent {
+            n = r.trim(n);
+            self.offset -= n;
+            return n;
+        }
         if let Some(w) = self.window {
             // What stays stored must still cover the window of the new last position.
             while n > 0 && self.stored - n < (self.offset - n).min(w) {
@@ -344,6 +356,9 @@ impl KvCache {
     pub fn can_trim(&self, n: i32) -> bool {
         if n < 0 || n > self.offset {
             return false;
+        }
+        if let Some(r) = &self.recurrent {
+            return r.can_trim(n);
         }
         match self.window {
             Some(w) => self.stored - n >= (self.offset - n).min(w),
@@ -377,13 +392,55 @@ impl KvCache {
             window: ring.map(|r| r.0),
             stored: ring.map_or(0, |r| r.1),
             own: AtomicBool::new(false),
+            recurrent: None,
         }
     }
 
     /// Arrays to evaluate so the cache holds computed data (used between prefill chunks).
     pub fn state(&self) -> Vec<&Array> {
         self.own.store(false, Ordering::Relaxed);
-        self.keys.iter().chain(self.values.iter()).collect()
+        let recurrent = self.recurrent.iter().flat_map(|r| r.arrays());
+        self.keys.iter().chain(self.values.iter()).chain(recurrent).collect()
+    }
+
+    /// Whether this cache can be cut back to any earlier position (not a sliding-window
+    /// ring, nor a recurrent state).
+    pub fn cuts_back_anywhere(&self) -> bool {
+        self.window.is_none() && self.recurrent.is_none()
+    }
+
+    /// A linear-attention layer's state (`None` before its first token, and for attention).
+    pub fn recurrent(&self) -> Option<&RecurrentState> {
+        self.recurrent.as_deref()
+    }
+
+    /// Store a linear-attention layer's state after a call of `steps` tokens (`history`:
+    /// see `RecurrentState`).
+    pub fn advance_recurrent(
+        &mut self,
+        conv: Array,
+        ssm: Array,
+        steps: i32,
+        history: Vec<(Array, Array)>,
+    ) {
+        match &mut self.recurrent {
+            Some(r) => r.advance(conv, ssm, steps, history),
+            None => {
+                let mut r = RecurrentState::new(conv.clone(), ssm.clone());
+                r.advance(conv, ssm, steps, history);
+                self.recurrent = Some(Box::new(r));
+            }
+        }
+        self.offset += steps;
+    }
+
+    /// A linear-attention layer's cache from a saved state (see `recurrent`).
+    pub fn from_recurrent(conv: Array, ssm: Array, offset: i32) -> KvCache {
+        KvCache {
+            offset,
+            recurrent: Some(Box::new(RecurrentState::new(conv, ssm))),
+            ..KvCache::default()
+        }
     }
 
     /// Bytes held by the buffers.
@@ -447,128 +504,5 @@ impl KvState {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Which stored values each query sees, per query row.
-    fn visible(keys: &Array, mask: &AttentionMask, queries: usize) -> Vec<Vec<i64>> {
-        let vals: Vec<i64> = keys.as_slice::<f32>().iter().map(|v| *v as i64).collect();
-        let n = vals.len();
-        (0..queries)
-            .map(|q| {
-                let mut seen: Vec<i64> = match mask {
-                    AttentionMask::None => vals.clone(),
-                    AttentionMask::Causal => vals[..n - queries + q + 1].to_vec(),
-                    AttentionMask::Array(m) => {
-                        let m = m.as_slice::<bool>();
-                        (0..n).filter(|&k| m[(q * n + k) % m.len()]).map(|k| vals[k]).collect()
-                    }
-                };
-                seen.sort();
-                seen
-            })
-            .collect()
-    }
-
-    #[test]
-    fn a_sliding_cache_rolls_back_drafts_and_always_shows_exactly_the_window() {
-        // Value of position p written by write number v: p * 1000 + v. After a rollback, the
-        // next write of p must replace the stale one.
-        let w = 8;
-        let mut cache = KvCache::sliding(w);
-        let mut latest: Vec<i64> = vec![]; // value currently valid for each position
-        let mut rng = 99u64;
-        let mut next = |m: u64| {
-            rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (rng >> 33) % m
-        };
-        for write in 0..400i64 {
-            let l = 1 + next(6) as i32;
-            let o = cache.offset();
-            let vals: Vec<f32> = (0..l).map(|i| ((o + i) as i64 * 1000 + write) as f32).collect();
-            let k = Array::from_slice(&vals, &[1, 1, l, 1]);
-            let (keys, _, mask) = cache.update(&k, &k).unwrap();
-            latest.truncate(o as usize);
-            latest.extend(vals.iter().map(|v| *v as i64));
-            for (q, seen) in visible(&keys, &mask, l as usize).into_iter().enumerate() {
-                let p = o as usize + q;
-                let mut want: Vec<i64> = latest[(p + 1).saturating_sub(w as usize)..=p].to_vec();
-                want.sort();
-                assert_eq!(seen, want, "write {write}: query at position {p}");
-            }
-            // Reject some of a multi-token write's tail, as a verify pass does.
-            if l > 1 {
-                let reject = next(l as u64) as i32;
-                assert_eq!(cache.trim(reject), reject);
-            }
-        }
-        assert!(cache.offset() > 4 * (w + SLIDING_SLACK), "the ring wrapped several times");
-    }
-
-    /// What a host write's view lets the new query see, sorted.
-    fn host_visible(view: &HostView) -> Vec<i64> {
-        let mut seen: Vec<i64> = (0..view.len)
-            .filter(|&s| view.visible.as_ref().is_none_or(|v| v[s]))
-            .map(|s| view.keys[s] as i64)
-            .collect();
-        seen.sort();
-        seen
-    }
-
-    #[test]
-    fn host_writes_show_what_mlx_writes_show_and_never_reach_a_clone() {
-        // The same positions written through MLX (`update`) into one cache and on the host
-        // (`host_append`, after the same MLX prefill) into another, with rollbacks as a verify
-        // pass makes: each decode query sees the same values. A clone taken mid-way keeps
-        // what it held.
-        for window in [None, Some(8)] {
-            let new = || window.map_or_else(KvCache::new, KvCache::sliding);
-            let (mut mlx, mut host) = (new(), new());
-            let first: Vec<f32> = (0..5).map(|p| (p * 1000) as f32).collect();
-            let k = Array::from_slice(&first, &[1, 1, 5, 1]);
-            mlx.update(&k, &k).unwrap();
-            host.update(&k, &k).unwrap();
-            assert!(host.host_ready(1, 1, 1) && !host.host_ready(2, 1, 1));
-            let mut snapshot = None;
-            let mut rng = 7u64;
-            for write in 0..300i64 {
-                let p = mlx.offset() as i64;
-                let v = [(p * 1000 + write) as f32];
-                let (keys, _, mask) = mlx
-                    .update(
-                        &Array::from_slice(&v, &[1, 1, 1, 1]),
-                        &Array::from_slice(&v, &[1, 1, 1, 1]),
-                    )
-                    .unwrap();
-                let want = visible(&keys, &mask, 1).remove(0);
-                let view = host.host_append(&v, &v).unwrap();
-                assert_eq!(host_visible(&view), want, "{window:?}: write {write} at {p}");
-                if write == 20 {
-                    snapshot = Some((host.clone(), want));
-                }
-                rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                if (rng >> 33).is_multiple_of(5) {
-                    let n = ((rng >> 40) % 3) as i32;
-                    assert_eq!(mlx.trim(n), host.trim(n), "{window:?}: trim");
-                }
-            }
-            // The clone's own next write (through MLX) sees what it held when taken.
-            let (mut clone, held) = snapshot.unwrap();
-            let last = held.iter().copied().max().unwrap();
-            let v = [-1.0f32];
-            let (keys, _, mask) = clone
-                .update(
-                    &Array::from_slice(&v, &[1, 1, 1, 1]),
-                    &Array::from_slice(&v, &[1, 1, 1, 1]),
-                )
-                .unwrap();
-            let seen = visible(&keys, &mask, 1).remove(0);
-            assert!(
-                seen.contains(&last) && seen.contains(&-1),
-                "{window:?}: the clone lost its positions"
-            );
-            let later: Vec<&i64> = seen.iter().filter(|&&x| x > last).collect();
-            assert!(later.is_empty(), "{window:?}: the clone sees later host writes {later:?}");
-        }
-    }
-}
+#[path = "kv_cache_tests.rs"]
+mod tests;

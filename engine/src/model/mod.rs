@@ -4,6 +4,7 @@
 
 pub mod bert;
 pub mod encoder;
+pub mod gated_delta;
 pub mod gemma3_text;
 pub mod host_attention;
 mod host_decode_attention;
@@ -18,6 +19,8 @@ pub mod lora;
 pub mod mtp;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3_5;
+pub mod recurrent_state;
 pub mod weights;
 
 use std::collections::HashMap;
@@ -35,7 +38,7 @@ use crate::tokenizer::Tokenizer;
 use linear::QuantSpec;
 use weights::Weights;
 
-pub const SUPPORTED_ARCHITECTURES: &str = "llama, qwen2, qwen3, gemma3_text";
+pub const SUPPORTED_ARCHITECTURES: &str = "llama, qwen2, qwen3, qwen3_5, gemma3_text";
 
 /// The two kinds of model Perch serves: decoders that chat (and complete), and sentence
 /// encoders that embed (`encoder`). A request of one kind to a model of the other is refused.
@@ -121,6 +124,7 @@ impl ModelConfig {
         if !raw.is_object() {
             return Err(EngineError::Config { file, msg: "expected a JSON object".into() });
         }
+        let raw = lift_text_config(raw);
         let mut cfg =
             ModelConfig { file, raw, quant_default: None, quant_overrides: HashMap::new() };
         cfg.read_quantization()?;
@@ -213,6 +217,18 @@ impl ModelConfig {
             _ => vec![],
         }
     }
+}
+
+/// A multimodal checkpoint's config keeps the language model's keys under `text_config`:
+/// those the top level lacks are read as its own (its `model_type` and quantization stay).
+fn lift_text_config(mut raw: Value) -> Value {
+    let Some(Value::Object(text)) = raw.get("text_config").cloned() else { return raw };
+    if let Some(top) = raw.as_object_mut() {
+        for (key, value) in text {
+            top.entry(key).or_insert(value);
+        }
+    }
+    raw
 }
 
 /// A model ready to generate: weights, tokenizer and what the rest of the engine needs to know.
@@ -334,6 +350,7 @@ fn load_once(dir: &Path, dtype: ComputeDtype) -> Result<(LoadedModel, bool)> {
                 (Box::new(stack), mtp::MtpHead::load(&cfg, &mut weights, shape)?)
             }
             ("gemma3_text", None) => (Box::new(gemma3_text::load(&cfg, &mut weights)?), None),
+            ("qwen3_5", None) => (Box::new(qwen3_5::load(&cfg, &mut weights)?), None),
             (other, None) if encoder::is_encoder(other) => {
                 return Err(EngineError::InvalidRequest(format!(
                     "`{other}` is an encoder: an embedding model, served by /v1/embeddings and \

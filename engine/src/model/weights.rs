@@ -69,6 +69,19 @@ impl Weights {
         self.tensors.remove(name);
     }
 
+    /// Drop every tensor whose name starts with `prefix` (parts of a checkpoint a model does
+    /// not run, such as a vision tower); returns how many.
+    pub fn remove_prefixed(&mut self, prefix: &str) -> usize {
+        let before = self.tensors.len();
+        self.tensors.retain(|name, _| !name.starts_with(prefix));
+        before - self.tensors.len()
+    }
+
+    /// A tensor's shape as stored, without taking it.
+    pub fn shape_of(&self, name: &str) -> Option<Vec<i32>> {
+        self.tensors.get(name).map(|(a, _)| a.shape().to_vec())
+    }
+
     /// Take a tensor as stored (quantized `uint32` weights stay as they are).
     pub fn take_raw(&mut self, name: &str) -> Result<Array> {
         self.tensors.remove(name).map(|(a, _)| a).ok_or_else(|| EngineError::MissingTensor {

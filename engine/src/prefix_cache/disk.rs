@@ -31,6 +31,10 @@ struct LayerHeader {
     offset: i32,
     ring: Option<(i32, i32)>,
     dtype: String,
+    /// A linear-attention layer: `keys` holds its convolution's inputs ([B, 1, kernel - 1,
+    /// channels]), `values` its recurrent state (always f32).
+    #[serde(default)]
+    recurrent: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -273,7 +277,7 @@ impl DiskTier {
             shortest: header.shortest,
             header,
             arrays,
-            covers_prefixes: state.layers.iter().all(|c| c.ring().is_none()),
+            covers_prefixes: state.layers.iter().all(|c| c.cuts_back_anywhere()),
         });
         if let Err(mpsc::TrySendError::Full(_)) = sent {
             self.stats.disk_skipped.fetch_add(1, Ordering::Relaxed);
@@ -290,6 +294,21 @@ fn token_hash(tokens: &[u32]) -> u64 {
 /// whole); the arrays are evaluated by the caller.
 fn layer_out(c: &KvCache, out: &mut Vec<Array>) -> mlx_rs::error::Result<Option<LayerHeader>> {
     use mlx_rs::ops::indexing::IndexOp;
+    if let Some(r) = c.recurrent() {
+        let conv = r.conv.expand_dims(1)?;
+        let header = LayerHeader {
+            keys: conv.shape().to_vec(),
+            values: r.ssm.shape().to_vec(),
+            offset: c.offset(),
+            ring: None,
+            dtype: dtype_name(conv.dtype()).into(),
+            recurrent: true,
+        };
+        for a in [&conv, &r.ssm] {
+            out.push(a.as_dtype(Dtype::Float32)?.reshape(&[-1])?);
+        }
+        return Ok(Some(header));
+    }
     let (Some(k), Some(v), offset) = c.parts() else { return Ok(None) };
     let ring = c.ring();
     let (k, v) = match ring {
@@ -302,6 +321,7 @@ fn layer_out(c: &KvCache, out: &mut Vec<Array>) -> mlx_rs::error::Result<Option<
         offset,
         ring,
         dtype: dtype_name(k.dtype()).into(),
+        recurrent: false,
     };
     for a in [k, v] {
         out.push(a.as_dtype(Dtype::Float32)?.reshape(&[-1])?);
@@ -414,7 +434,7 @@ fn read_state(path: &Path, key: &CacheKey, indexed: u64) -> Result<KvState, &'st
     let mut layer = |l: &LayerHeader| -> Result<KvCache, &'static str> {
         let dtype = dtype_of(&l.dtype).ok_or("unknown dtype")?;
         let mut arrays = vec![];
-        for shape in [&l.keys, &l.values] {
+        for (i, shape) in [&l.keys, &l.values].into_iter().enumerate() {
             if shape.len() != 4 || shape.iter().any(|&d| d <= 0) {
                 return Err("bad shape");
             }
@@ -425,8 +445,19 @@ fn read_state(path: &Path, key: &CacheKey, indexed: u64) -> Result<KvState, &'st
             let raw = r.take(n.checked_mul(4).ok_or("bad shape")?)?;
             let floats: Vec<f32> =
                 raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            // A recurrent state stays f32 whatever the model computes in.
+            let dtype = if l.recurrent && i == 1 { Dtype::Float32 } else { dtype };
             let a = Array::from_slice(&floats, shape).as_dtype(dtype).map_err(|_| "bad data")?;
             arrays.push(a);
+        }
+        if l.recurrent {
+            let v = arrays.pop().ok_or("bad data")?;
+            let k = arrays.pop().ok_or("bad data")?;
+            let conv = k.reshape(&[l.keys[0], l.keys[2], l.keys[3]]).map_err(|_| "bad shape")?;
+            return match l.offset >= 0 && l.ring.is_none() && l.keys[1] == 1 {
+                true => Ok(KvCache::from_recurrent(conv, v, l.offset)),
+                false => Err("bad offsets"),
+            };
         }
         let cap = l.keys[2];
         let ok = l.offset >= 0

@@ -26,7 +26,12 @@ pub const FIXTURES: &[&str] = &[
     "llama-8bit",
     "gemma3",
     MTP_FIXTURE,
+    HYBRID_FIXTURE,
 ];
+
+/// The Qwen3.5-style hybrid (gated DeltaNet and gated attention layers;
+/// scripts/make-hybrid-fixture.py, goldens from mlx-lm's own class).
+pub const HYBRID_FIXTURE: &str = "qwen3_5";
 
 /// The trained fixture with an MTP head (scripts/make-mtp-fixture.py); its goldens come from
 /// the training script, not mlx-lm, which does not load MTP weights.
