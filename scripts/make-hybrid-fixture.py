@@ -6,6 +6,14 @@ gated full attention with partial rotary in layers 1 and 3, dense SwiGLU MLPs) w
 random weights, saved in mlx-lm's layout (`language_model.model.*`, conv1d [C, K, 1]), and
 the GPT-2-cut tokenizer of the other fixtures (copied from tests/fixtures/qwen3).
 
+It also carries a native MTP head (`mtp.fc`, `mtp.pre_fc_norm_embedding`,
+`mtp.pre_fc_norm_hidden`, `mtp.layers.0.*` a gated full-attention block, `mtp.norm`), random
+too. mlx-lm drops `mtp.*` at load, so the head's golden (`mtp_logits`: the logits for token
+t+2 from every (hidden state at t, token t+1) pair of the prompt) comes from a reference
+written here from the published description: norm the next token's embedding and the main
+model's final hidden state, concatenate [embedding, hidden], project with `fc`, run the
+block (mlx-lm's own `DecoderLayer`, causal), norm, and apply the main model's head.
+
 Goldens from mlx-lm 0.32.2 on the CPU (its gated delta recurrence in MLX operations): the
 prompt's logits in one pass; the logits of the prompt's tail after its head went through
 the cache (`split_logits`, a prefill from a cached state); 32 greedy tokens from
@@ -83,13 +91,45 @@ def random_parameters(model, seed: int) -> dict:
     return out
 
 
+def mtp_parameters(args, seed: int) -> dict:
+    """The MTP head's weights: the block has the shape of a full-attention layer."""
+    block = qwen3_5.DecoderLayer(args, layer_idx=args.full_attention_interval - 1)
+    assert not block.is_linear
+    out = {f"mtp.layers.0.{k}": v for k, v in random_parameters(block, seed).items()}
+    rng = np.random.default_rng(seed + 1)
+    h = args.hidden_size
+    for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        out[f"mtp.{n}.weight"] = mx.array((1.0 + rng.normal(0, 0.1, (h,))).astype(np.float32))
+    out["mtp.fc.weight"] = mx.array(rng.normal(0, 1.0 / np.sqrt(2 * h), (h, 2 * h)).astype(np.float32))
+    return out
+
+
+def mtp_reference(model, args, mtp: dict, prompt) -> mx.array:
+    """The head's logits for tokens 2.. of `prompt` ([L - 1, vocab]), as described above."""
+    text = model.language_model
+    eps = args.rms_norm_eps
+    hidden = text.model(prompt)[:, :-1]  # after the final norm
+    emb = text.model.embed_tokens(prompt[:, 1:])
+    e = mx.fast.rms_norm(emb, mtp["mtp.pre_fc_norm_embedding.weight"], eps)
+    h = mx.fast.rms_norm(hidden, mtp["mtp.pre_fc_norm_hidden.weight"], eps)
+    x = mx.concatenate([e, h], axis=-1) @ mtp["mtp.fc.weight"].T
+    block = qwen3_5.DecoderLayer(args, layer_idx=args.full_attention_interval - 1)
+    prefix = "mtp.layers.0."
+    block.update(tree_unflatten([(k[len(prefix):], v) for k, v in mtp.items() if k.startswith(prefix)]))
+    x = block(x, mask="causal", cache=None)
+    x = mx.fast.rms_norm(x, mtp["mtp.norm.weight"], eps)
+    return text.lm_head(x)[0]
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     model = qwen3_5.Model(qwen3_5.ModelArgs.from_dict(CONFIG))
     weights = random_parameters(model, seed=3500)
     model.update(tree_unflatten(list(weights.items())))
-    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    args = qwen3_5.TextModelArgs.from_dict(CONFIG)
+    mtp = mtp_parameters(args, seed=3600)
+    mx.save_safetensors(str(out / "model.safetensors"), weights | mtp, metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(CONFIG, indent=1, sort_keys=True) + "\n")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(TOKENIZER_FROM / name, out / name)
@@ -107,8 +147,9 @@ def main() -> None:
         for t, _ in generate_step(mx.array(prompt_ids), model, max_tokens=GREEDY_STEPS,
                                   sampler=lambda x: mx.argmax(x, axis=-1))
     ]
+    mtp_logits = mtp_reference(model, args, mtp, prompt)
     mx.save_safetensors(str(out / "golden.safetensors"),
-                        {"logits": logits, "split_logits": split_logits})
+                        {"logits": logits, "split_logits": split_logits, "mtp_logits": mtp_logits})
     (out / "golden.json").write_text(json.dumps(
         {"source": "mlx-lm", "prompt_ids": prompt_ids, "split": SPLIT, "greedy_tokens": tokens},
         indent=1) + "\n")

@@ -98,8 +98,8 @@ fn hybrid_prefill_from_a_cached_state_matches_mlx_lm() {
 fn hybrid_in_the_hugging_face_layout_loads_to_the_same_logits() {
     // The fixture rewritten as a Hugging Face multimodal checkpoint stores it: the language
     // model under `model.language_model.`, its config under `text_config`, norms as offsets
-    // from 1, the convolution as [C, 1, K], beside a vision tower and an MTP head that are
-    // not run. It must load to the same model.
+    // from 1, the convolution as [C, 1, K], beside a vision tower that is not run. It must
+    // load to the same model, MTP head included.
     use mlx_rs::Array;
     let src = fixture_dir(HYBRID_FIXTURE);
     let dir = tempfile::tempdir().unwrap();
@@ -112,7 +112,8 @@ fn hybrid_in_the_hugging_face_layout_loads_to_the_same_logits() {
         let offset_norm = ["layernorm.weight", "q_norm.weight", "k_norm.weight"]
             .iter()
             .any(|n| name.ends_with(n))
-            || name == "model.language_model.norm.weight";
+            || name == "model.language_model.norm.weight"
+            || (name.starts_with("mtp.") && name.contains("norm"));
         let a = match () {
             _ if name.ends_with("conv1d.weight") => a.swap_axes(1, 2).unwrap(),
             _ if offset_norm => a.subtract(Array::from_f32(1.0)).unwrap(),
@@ -120,7 +121,6 @@ fn hybrid_in_the_hugging_face_layout_loads_to_the_same_logits() {
         };
         out.insert(name, a);
     }
-    out.insert("mtp.fc.weight".into(), Array::zeros::<f32>(&[64, 128]).unwrap());
     out.insert("model.visual.patch_embed.weight".into(), Array::zeros::<f32>(&[8]).unwrap());
     Array::save_safetensors(&out, None, dir.path().join("model.safetensors")).unwrap();
     let text: serde_json::Value =
@@ -135,6 +135,26 @@ fn hybrid_in_the_hugging_face_layout_loads_to_the_same_logits() {
     let g = golden(HYBRID_FIXTURE);
     let err = relative_error(&forward_logits(&model, &g.prompt_ids), &g.logits);
     assert!(err <= 1e-3, "the Hugging Face layout's logits differ by {err:.2e} relative");
+    let want = mtp_logits(&load_fixture(HYBRID_FIXTURE), &g.prompt_ids);
+    let err = relative_error(&mtp_logits(&model, &g.prompt_ids), &want);
+    assert!(err <= 1e-5, "the Hugging Face layout's MTP head differs by {err:.2e} relative");
+}
+
+/// The MTP head's logits for tokens 2.. of `ids`, from the main model's hidden states.
+fn mtp_logits(model: &perch_engine::LoadedModel, ids: &[u32]) -> Vec<f32> {
+    use mlx_rs::ops::indexing::IndexOp;
+    use mlx_rs::Array;
+    let l = ids.len() as i32;
+    let hidden = model.net.hidden(&Array::from_slice(ids, &[1, l]), &mut model.net.new_caches());
+    let head = model.mtp.as_ref().expect("an MTP head");
+    let mut cache = perch_engine::model::kv_cache::KvCache::new();
+    let next = Array::from_slice(&ids[1..], &[1, l - 1]);
+    let m = head
+        .forward(model.net.as_ref(), &hidden.unwrap().index((.., ..l - 1, ..)), &next, &mut cache)
+        .unwrap();
+    let logits = model.net.logits(&m).unwrap();
+    logits.eval().unwrap();
+    logits.as_slice::<f32>().to_vec()
 }
 
 /// The smallest margin a golden step may have, relative to the largest logit at that step.

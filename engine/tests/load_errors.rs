@@ -30,9 +30,21 @@ fn unknown_architecture() {
     let e = load_err(&dir);
     assert!(
         e.contains("unsupported architecture `mamba9`")
-            && e.contains("llama, qwen2, qwen3, gemma3_text"),
+            && e.contains("llama, qwen2, qwen3, qwen3_5, gemma3_text"),
         "{e}"
     );
+}
+
+#[test]
+fn hybrid_variants_not_run_are_refused_by_name() {
+    let (_t, dir) = copy_fixture(HYBRID_FIXTURE, "hybrid");
+    edit_config(&dir, |c| c["num_experts"] = 8.into());
+    let e = load_err(&dir);
+    assert!(e.contains("mixture-of-experts") && e.contains("qwen3_5"), "{e}");
+    let (_t, dir) = copy_fixture(HYBRID_FIXTURE, "hybrid");
+    edit_config(&dir, |c| c["linear_num_value_heads"] = 3.into());
+    let e = load_err(&dir);
+    assert!(e.contains("value heads (3) a multiple of key heads (2)"), "{e}");
 }
 
 #[test]

@@ -160,47 +160,56 @@ async fn keep_alive_zero_unloads_after_each_request_and_reloads_on_demand() {
 async fn load_time_mtp_warmup_warms_or_leaves_it_to_the_first_request() {
     let _serial = SERIAL.lock().await;
     use perch_engine::runtime::warmup::WarmupOutcome;
-    let cfg =
-        // One at a time: MTP drafts are a solo engine's (a batch decodes without them).
-        |ladder| EngineConfig {
-            model: MTP_FIXTURE.into(),
-            draft: perch_engine::decode::DraftSetting::Mtp { depth: 1 },
-            max_batch: 1,
-            ..config(ladder)
-        };
-    let wait_for = |engine: Arc<Engine>| async move {
-        let t = Instant::now();
-        loop {
-            let m = engine.resident_snapshot().remove(0);
-            if m.load_time_warmup != WarmupOutcome::NotApplicable {
-                return m;
+    // The trained Qwen 3 head, and the hybrid's native head over its recurrent layers.
+    for name in [MTP_FIXTURE, HYBRID_FIXTURE] {
+        let cfg =
+            // One at a time: MTP drafts are a solo engine's (a batch decodes without them).
+            |ladder| EngineConfig {
+                model: name.into(),
+                draft: perch_engine::decode::DraftSetting::Mtp { depth: 1 },
+                max_batch: 1,
+                ..config(ladder)
+            };
+        let wait_for = |engine: Arc<Engine>| async move {
+            let t = Instant::now();
+            loop {
+                let m = engine.resident_snapshot().remove(0);
+                if m.load_time_warmup != WarmupOutcome::NotApplicable {
+                    return m;
+                }
+                assert!(t.elapsed() < Duration::from_secs(10), "warmup never ended");
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            assert!(t.elapsed() < Duration::from_secs(10), "warmup never ended");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    };
-    // Free gate: warm at load, and the warmup's lease is gone afterwards.
-    let engine = Arc::new(Engine::start(cfg(LadderConfig::profile(WarmupProfile::Off))).unwrap());
-    engine.start_background();
-    let m = wait_for(engine.clone()).await;
-    assert_eq!((m.load_time_warmup, m.mtp_warm), (WarmupOutcome::Warm, true));
-    assert_eq!(engine.leases.total(), 0);
-    assert_eq!(engine.foreground.snapshot().requests_completed, 0, "the warmup counted as a user");
+        };
+        // Free gate: warm at load, and the warmup's lease is gone afterwards.
+        let engine =
+            Arc::new(Engine::start(cfg(LadderConfig::profile(WarmupProfile::Off))).unwrap());
+        engine.start_background();
+        let m = wait_for(engine.clone()).await;
+        assert_eq!((m.load_time_warmup, m.mtp_warm), (WarmupOutcome::Warm, true));
+        assert_eq!(engine.leases.total(), 0);
+        assert_eq!(
+            engine.foreground.snapshot().requests_completed,
+            0,
+            "the warmup counted as a user"
+        );
 
-    // Busy gate: skipped, still cold; the first real MTP request warms it.
-    let engine = Arc::new(Engine::start(cfg(LadderConfig::profile(WarmupProfile::Off))).unwrap());
-    let user = engine.gate.try_acquire().unwrap();
-    engine.start_background();
-    let m = wait_for(engine.clone()).await;
-    assert_eq!((m.load_time_warmup, m.mtp_warm), (WarmupOutcome::SkippedBusy, false));
-    drop(user);
-    let prompt = golden(MTP_FIXTURE).prompt_ids;
-    let (g, _) = request(&engine, MTP_FIXTURE, prompt, 8).await;
-    assert_eq!(g.draft.unwrap().mode, "mtp");
-    assert!(
-        engine.resident_snapshot()[0].mtp_warm,
-        "the first MTP request did not mark the model warm"
-    );
+        // Busy gate: skipped, still cold; the first real MTP request warms it.
+        let engine =
+            Arc::new(Engine::start(cfg(LadderConfig::profile(WarmupProfile::Off))).unwrap());
+        let user = engine.gate.try_acquire().unwrap();
+        engine.start_background();
+        let m = wait_for(engine.clone()).await;
+        assert_eq!((m.load_time_warmup, m.mtp_warm), (WarmupOutcome::SkippedBusy, false));
+        drop(user);
+        let prompt = golden(name).prompt_ids;
+        let (g, _) = request(&engine, name, prompt, 8).await;
+        assert_eq!(g.draft.unwrap().mode, "mtp");
+        assert!(
+            engine.resident_snapshot()[0].mtp_warm,
+            "the first MTP request did not mark the model warm"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

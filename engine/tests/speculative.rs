@@ -150,31 +150,35 @@ fn greedy_with_prompt_lookup_is_plain_greedy_on_the_default_model() {
 
 #[test]
 fn the_mtp_head_matches_its_reference_logits() {
-    let model = load_fixture(MTP_FIXTURE);
-    let g = golden(MTP_FIXTURE);
-    let dir = fixture_dir(MTP_FIXTURE);
-    let want = Array::load_safetensors(dir.join("golden.safetensors")).unwrap()["mtp_logits"]
-        .as_slice::<f32>()
-        .to_vec();
-    let ids = &g.prompt_ids;
-    let l = ids.len() as i32;
-    let mut caches = model.net.new_caches();
-    let hidden = model.net.hidden(&Array::from_slice(ids, &[1, l]), &mut caches).unwrap();
-    let mut cache = perch_engine::model::kv_cache::KvCache::new();
-    let head = model.mtp.as_ref().expect("the MTP fixture has an MTP head");
-    let m = head
-        .forward(
-            model.net.as_ref(),
-            &hidden.index((.., ..l - 1, ..)),
-            &Array::from_slice(&ids[1..], &[1, l - 1]),
-            &mut cache,
-        )
-        .unwrap();
-    let got = model.net.logits(&m).unwrap();
-    got.eval().unwrap();
-    let err = relative_error(got.as_slice::<f32>(), &want);
-    println!("MTP logits: relative error vs the training script {err:.2e}");
-    assert!(err < 1e-4, "MTP logits differ from the reference by {err:.2e}");
+    // The trained Qwen 3 head (reference: its training script) and the hybrid's native head
+    // (gated-attention block; reference: make-hybrid-fixture.py, from the published wiring).
+    for name in [MTP_FIXTURE, HYBRID_FIXTURE] {
+        let model = load_fixture(name);
+        let g = golden(name);
+        let dir = fixture_dir(name);
+        let want = Array::load_safetensors(dir.join("golden.safetensors")).unwrap()["mtp_logits"]
+            .as_slice::<f32>()
+            .to_vec();
+        let ids = &g.prompt_ids;
+        let l = ids.len() as i32;
+        let mut caches = model.net.new_caches();
+        let hidden = model.net.hidden(&Array::from_slice(ids, &[1, l]), &mut caches).unwrap();
+        let mut cache = perch_engine::model::kv_cache::KvCache::new();
+        let head = model.mtp.as_ref().unwrap_or_else(|| panic!("{name} has no MTP head"));
+        let m = head
+            .forward(
+                model.net.as_ref(),
+                &hidden.index((.., ..l - 1, ..)),
+                &Array::from_slice(&ids[1..], &[1, l - 1]),
+                &mut cache,
+            )
+            .unwrap();
+        let got = model.net.logits(&m).unwrap();
+        got.eval().unwrap();
+        let err = relative_error(got.as_slice::<f32>(), &want);
+        println!("{name}: MTP logits, relative error vs the reference {err:.2e}");
+        assert!(err < 1e-4, "{name}: MTP logits differ from the reference by {err:.2e}");
+    }
 }
 
 #[test]

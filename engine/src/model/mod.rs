@@ -350,7 +350,10 @@ fn load_once(dir: &Path, dtype: ComputeDtype) -> Result<(LoadedModel, bool)> {
                 (Box::new(stack), mtp::MtpHead::load(&cfg, &mut weights, shape)?)
             }
             ("gemma3_text", None) => (Box::new(gemma3_text::load(&cfg, &mut weights)?), None),
-            ("qwen3_5", None) => (Box::new(qwen3_5::load(&cfg, &mut weights)?), None),
+            ("qwen3_5", None) => {
+                let (net, mtp) = qwen3_5::load(&cfg, &mut weights)?;
+                (Box::new(net), mtp)
+            }
             (other, None) if encoder::is_encoder(other) => {
                 return Err(EngineError::InvalidRequest(format!(
                     "`{other}` is an encoder: an embedding model, served by /v1/embeddings and \

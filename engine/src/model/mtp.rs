@@ -15,7 +15,9 @@
 //!   `.eh_proj`, the block's own weights under the same prefix, `.shared_head.norm` (its copies
 //!   of the embeddings and head are the main model's and are not loaded twice).
 //!
-//! The block has the main stack's shape and norm convention.
+//! The block has the main stack's shape and norm convention: a pre-norm block for the Llama
+//! family, the hybrid's gated-attention block for Qwen3.5 (`qwen3_5.rs` builds that head
+//! with `MtpHead::new`).
 
 use mlx_rs::ops::concatenate;
 use mlx_rs::Array;
@@ -27,17 +29,41 @@ use super::{Architecture, ModelConfig};
 use crate::error::Result;
 use crate::model::kv_cache::KvCache;
 
+/// The decoder block inside a head: `x` [1, L, hidden] through it, appending to `cache`.
+pub trait MtpBlock: Send {
+    fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array>;
+}
+
+impl MtpBlock for PreNormBlock {
+    fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
+        let l = x.shape()[1];
+        PreNormBlock::forward(self, x, &mut [cache], &[l], None)
+    }
+}
+
 pub struct MtpHead {
     embed_norm: RmsNorm,
     hidden_norm: RmsNorm,
     fc: Linear,
-    block: PreNormBlock,
+    block: Box<dyn MtpBlock>,
     norm: RmsNorm,
     /// Which naming the weights used, for `/health` and logs.
     pub naming: &'static str,
 }
 
 impl MtpHead {
+    /// A head from its parts (an architecture whose block is not a pre-norm block).
+    pub fn new(
+        embed_norm: RmsNorm,
+        hidden_norm: RmsNorm,
+        fc: Linear,
+        block: Box<dyn MtpBlock>,
+        norm: RmsNorm,
+        naming: &'static str,
+    ) -> MtpHead {
+        MtpHead { embed_norm, hidden_norm, fc, block, norm, naming }
+    }
+
     /// The MTP head in `w`, if the weights carry one.
     pub fn load(cfg: &ModelConfig, w: &mut Weights, s: &StackShape) -> Result<Option<MtpHead>> {
         let hidden = s.attention.hidden;
@@ -47,7 +73,7 @@ impl MtpHead {
                 embed_norm: RmsNorm::load(w, "mtp.pre_fc_norm_embedding", hidden, eps)?,
                 hidden_norm: RmsNorm::load(w, "mtp.pre_fc_norm_hidden", hidden, eps)?,
                 fc: Linear::load(w, cfg, "mtp.fc", 2 * hidden, hidden, false)?,
-                block: PreNormBlock::load(cfg, w, "mtp.layers.0", s)?,
+                block: Box::new(PreNormBlock::load(cfg, w, "mtp.layers.0", s)?),
                 norm: RmsNorm::load(w, "mtp.norm", hidden, eps)?,
                 naming: "qwen3-next",
             }));
@@ -61,7 +87,7 @@ impl MtpHead {
                 embed_norm: RmsNorm::load(w, &format!("{p}.enorm"), hidden, eps)?,
                 hidden_norm: RmsNorm::load(w, &format!("{p}.hnorm"), hidden, eps)?,
                 fc: Linear::load(w, cfg, &format!("{p}.eh_proj"), 2 * hidden, hidden, false)?,
-                block: PreNormBlock::load(cfg, w, &p, s)?,
+                block: Box::new(PreNormBlock::load(cfg, w, &p, s)?),
                 norm: RmsNorm::load(w, &format!("{p}.shared_head.norm"), hidden, eps)?,
                 naming: "deepseek",
             }));
@@ -82,10 +108,7 @@ impl MtpHead {
         let e = self.embed_norm.forward(&main.embed(tokens)?)?;
         let h = self.hidden_norm.forward(hidden)?;
         let x = self.fc.forward(&concatenate(&[e, h], -1)?)?;
-        let x = {
-            let l = x.shape()[1];
-            self.block.forward(&x, &mut [cache], &[l], None)?
-        };
+        let x = self.block.forward(&x, cache)?;
         self.norm.forward(&x)
     }
 }

@@ -4,8 +4,9 @@
 //! attention's output through a sigmoid), q/k RMS norms, RoPE on the first
 //! `partial_rotary_factor` of each head; dense SwiGLU MLPs. Reads the Hugging Face layout
 //! (`model.language_model.*`, norms stored as offsets from 1, conv [C, 1, K]) and mlx-lm's
-//! (`language_model.model.*`, norms whole, conv [C, K, 1]). The vision tower and the MTP
-//! head (`mtp.*`) are not run yet: they are dropped at load, with a log line.
+//! (`language_model.model.*`, norms whole, conv [C, K, 1]). The native MTP head (`mtp.*`,
+//! a gated-attention block) drafts for speculative decoding; the vision tower is dropped at
+//! load, with a log line.
 
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
 use mlx_rs::ops::concatenate;
@@ -16,6 +17,7 @@ use serde_json::Value;
 use super::gated_delta::{DeltaShape, GatedDeltaNet};
 use super::layers::{layer_caches, Mlp, Projections, RmsNorm, Rope};
 use super::linear::{Embedding, Linear};
+use super::mtp::{MtpBlock, MtpHead};
 use super::weights::Weights;
 use super::{Architecture, ModelConfig};
 use crate::error::{EngineError, Result};
@@ -94,6 +96,26 @@ struct Block {
     mlp: Mlp,
 }
 
+impl Block {
+    /// `x`: [1, T, hidden], sequence i owning the next `lens[i]` rows and `caches[i]`.
+    fn forward(&self, x: &Array, caches: &mut [&mut KvCache], lens: &[i32]) -> Result<Array> {
+        let n = self.input_norm.forward(x)?;
+        let r = match &self.mixer {
+            Mixer::Linear(m) => m.forward_rows(&n, caches, lens)?,
+            Mixer::Attention(a) => a.forward_rows(&n, caches, lens)?,
+        };
+        let h = x.add(r)?;
+        Ok(h.add(self.mlp.forward(&self.post_attention_norm.forward(&h)?, None)?)?)
+    }
+}
+
+impl MtpBlock for Block {
+    fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<Array> {
+        let l = x.shape()[1];
+        Block::forward(self, x, &mut [cache], &[l])
+    }
+}
+
 pub struct Qwen35 {
     embed: Embedding,
     blocks: Vec<Block>,
@@ -160,7 +182,89 @@ fn rope(cfg: &ModelConfig, head_dim: i32) -> Result<Rope> {
     }
 }
 
-pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<Qwen35> {
+/// The widths every block shares, and the layout's norm convention.
+struct Shape {
+    hidden: i32,
+    heads: i32,
+    kv_heads: i32,
+    head_dim: i32,
+    eps: f32,
+    inter: i32,
+    bias: bool,
+    delta: DeltaShape,
+    /// Norms stored as offsets from 1 (Hugging Face's layout).
+    plus_one: bool,
+}
+
+impl Shape {
+    fn norm(&self, w: &mut Weights, name: &str, dim: i32) -> Result<RmsNorm> {
+        match self.plus_one {
+            true => RmsNorm::load_plus_one(w, name, dim, self.eps),
+            false => RmsNorm::load(w, name, dim, self.eps),
+        }
+    }
+}
+
+/// The block under `l` (`{l}.input_layernorm`, `{l}.linear_attn.*` or `{l}.self_attn.*`,
+/// `{l}.post_attention_layernorm`, `{l}.mlp.*`).
+fn load_block(
+    cfg: &ModelConfig,
+    w: &mut Weights,
+    l: &str,
+    linear: bool,
+    s: &Shape,
+) -> Result<Block> {
+    let (hidden, heads, head_dim) = (s.hidden, s.heads, s.head_dim);
+    let mixer = if linear {
+        Mixer::Linear(GatedDeltaNet::load(w, cfg, &format!("{l}.linear_attn"), s.delta)?)
+    } else {
+        let a = format!("{l}.self_attn");
+        let lin = |w: &mut Weights, n: &str, i, o| {
+            Linear::load(w, cfg, &format!("{a}.{n}"), i, o, s.bias)
+        };
+        let (q_out, kv_out) = (2 * heads * head_dim, s.kv_heads * head_dim);
+        let parts = vec![
+            lin(w, "q_proj", hidden, q_out)?,
+            lin(w, "k_proj", hidden, kv_out)?,
+            lin(w, "v_proj", hidden, kv_out)?,
+        ];
+        Mixer::Attention(GatedAttention {
+            qkv: Projections::new(w, parts, vec![q_out, kv_out, kv_out])?,
+            o: lin(w, "o_proj", heads * head_dim, hidden)?.with_host(w)?,
+            q_norm: s.norm(w, &format!("{a}.q_norm"), head_dim)?,
+            k_norm: s.norm(w, &format!("{a}.k_norm"), head_dim)?,
+            rope: rope(cfg, head_dim)?,
+            heads,
+            kv_heads: s.kv_heads,
+            head_dim,
+        })
+    };
+    Ok(Block {
+        input_norm: s.norm(w, &format!("{l}.input_layernorm"), hidden)?,
+        mixer,
+        post_attention_norm: s.norm(w, &format!("{l}.post_attention_layernorm"), hidden)?,
+        mlp: Mlp::load(w, cfg, &format!("{l}.mlp"), hidden, s.inter, false)?,
+    })
+}
+
+/// The native MTP head (`mtp.fc`, `mtp.pre_fc_norm_embedding`, `mtp.pre_fc_norm_hidden`,
+/// `mtp.layers.0.*` a gated full-attention block, `mtp.norm`), when the weights carry it.
+fn load_mtp(cfg: &ModelConfig, w: &mut Weights, s: &Shape) -> Result<Option<MtpHead>> {
+    if !w.contains("mtp.fc.weight") {
+        return Ok(None);
+    }
+    let h = s.hidden;
+    Ok(Some(MtpHead::new(
+        s.norm(w, "mtp.pre_fc_norm_embedding", h)?,
+        s.norm(w, "mtp.pre_fc_norm_hidden", h)?,
+        Linear::load(w, cfg, "mtp.fc", 2 * h, h, false)?,
+        Box::new(load_block(cfg, w, "mtp.layers.0", false, s)?),
+        s.norm(w, "mtp.norm", h)?,
+        "qwen3.5",
+    )))
+}
+
+pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<(Qwen35, Option<MtpHead>)> {
     if cfg.int_or("num_experts", 0)? > 0 {
         return Err(cfg.err(
             "the mixture-of-experts variant of qwen3_5 is not supported yet (the dense one is)"
@@ -169,69 +273,41 @@ pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<Qwen35> {
     }
     let hidden = cfg.int("hidden_size")?;
     let heads = cfg.int("num_attention_heads")?;
-    let kv_heads = cfg.int_or("num_key_value_heads", heads)?;
-    let head_dim = cfg.int_or("head_dim", hidden / heads.max(1))?;
-    let eps = cfg.float_or("rms_norm_eps", 1e-6)? as f32;
-    let inter = cfg.int("intermediate_size")?;
     let vocab = cfg.int("vocab_size")?;
-    let bias = cfg.bool_or("attention_bias", false);
-    let delta = DeltaShape::from_config(cfg)?;
+    let layers = cfg.int("num_hidden_layers")? as usize;
     let (p, head_name) = text_prefix(w)?;
-    let dropped: usize = ["mtp.", "model.visual.", "visual.", "vision_tower."]
+    let dropped: usize = ["model.visual.", "visual.", "vision_tower."]
         .iter()
         .map(|prefix| w.remove_prefixed(prefix))
         .sum();
     if dropped > 0 {
-        tracing::info!(dropped, "qwen3_5: the vision tower and MTP head are not run; dropped");
+        tracing::info!(dropped, "qwen3_5: the vision tower is not run; dropped");
     }
-    // Hugging Face's checkpoints store these norms as offsets from 1 (and the convolution
-    // as [C, 1, K]); mlx-lm's conversion folds the 1 in.
-    let first_linear = (0..cfg.int("num_hidden_layers")? as usize)
+    // Hugging Face's checkpoints store the norms as offsets from 1 (and the convolution as
+    // [C, 1, K]); mlx-lm's conversion folds the 1 in.
+    let first_linear = (0..layers)
         .find(|&i| is_linear(cfg, i).unwrap_or(false))
         .map(|i| format!("{p}layers.{i}.linear_attn.conv1d.weight"));
     let plus_one = first_linear
         .and_then(|n| w.shape_of(&n))
         .is_some_and(|s| s.last().is_some_and(|&k| k != 1));
-    let norm = |w: &mut Weights, name: &str, dim: i32| match plus_one {
-        true => RmsNorm::load_plus_one(w, name, dim, eps),
-        false => RmsNorm::load(w, name, dim, eps),
+    let s = Shape {
+        hidden,
+        heads,
+        kv_heads: cfg.int_or("num_key_value_heads", heads)?,
+        head_dim: cfg.int_or("head_dim", hidden / heads.max(1))?,
+        eps: cfg.float_or("rms_norm_eps", 1e-6)? as f32,
+        inter: cfg.int("intermediate_size")?,
+        bias: cfg.bool_or("attention_bias", false),
+        delta: DeltaShape::from_config(cfg)?,
+        plus_one,
     };
-    let mut blocks = Vec::new();
-    for i in 0..cfg.int("num_hidden_layers")? as usize {
-        let l = format!("{p}layers.{i}");
-        let mixer = if is_linear(cfg, i)? {
-            Mixer::Linear(GatedDeltaNet::load(w, cfg, &format!("{l}.linear_attn"), delta)?)
-        } else {
-            let a = format!("{l}.self_attn");
-            let lin = |w: &mut Weights, n: &str, i, o| {
-                Linear::load(w, cfg, &format!("{a}.{n}"), i, o, bias)
-            };
-            let (q_out, kv_out) = (2 * heads * head_dim, kv_heads * head_dim);
-            let parts = vec![
-                lin(w, "q_proj", hidden, q_out)?,
-                lin(w, "k_proj", hidden, kv_out)?,
-                lin(w, "v_proj", hidden, kv_out)?,
-            ];
-            Mixer::Attention(GatedAttention {
-                qkv: Projections::new(w, parts, vec![q_out, kv_out, kv_out])?,
-                o: lin(w, "o_proj", heads * head_dim, hidden)?.with_host(w)?,
-                q_norm: norm(w, &format!("{a}.q_norm"), head_dim)?,
-                k_norm: norm(w, &format!("{a}.k_norm"), head_dim)?,
-                rope: rope(cfg, head_dim)?,
-                heads,
-                kv_heads,
-                head_dim,
-            })
-        };
-        blocks.push(Block {
-            input_norm: norm(w, &format!("{l}.input_layernorm"), hidden)?,
-            mixer,
-            post_attention_norm: norm(w, &format!("{l}.post_attention_layernorm"), hidden)?,
-            mlp: Mlp::load(w, cfg, &format!("{l}.mlp"), hidden, inter, false)?,
-        });
+    let mut blocks = Vec::with_capacity(layers);
+    for i in 0..layers {
+        blocks.push(load_block(cfg, w, &format!("{p}layers.{i}"), is_linear(cfg, i)?, &s)?);
     }
     let embed = Embedding::load(w, cfg, &format!("{p}embed_tokens"), vocab, hidden)?;
-    let final_norm = norm(w, &format!("{p}norm"), hidden)?;
+    let final_norm = s.norm(w, &format!("{p}norm"), hidden)?;
     let tied = cfg.bool_or("tie_word_embeddings", !w.contains(&format!("{head_name}.weight")));
     let lm_head = match tied {
         true => {
@@ -240,14 +316,15 @@ pub fn load(cfg: &ModelConfig, w: &mut Weights) -> Result<Qwen35> {
         }
         false => Some(Linear::load(w, cfg, head_name, hidden, vocab, false)?.with_host(w)?),
     };
+    let mtp = load_mtp(cfg, w, &s)?;
     let dims = ProjectionDims {
         layers: blocks.len(),
         hidden,
-        q_out: heads * head_dim,
-        kv_out: kv_heads * head_dim,
-        intermediate: inter,
+        q_out: heads * s.head_dim,
+        kv_out: s.kv_heads * s.head_dim,
+        intermediate: s.inter,
     };
-    Ok(Qwen35 { embed, blocks, norm: final_norm, lm_head, dims })
+    Ok((Qwen35 { embed, blocks, norm: final_norm, lm_head, dims }, mtp))
 }
 
 impl Architecture for Qwen35 {
@@ -265,14 +342,7 @@ impl Architecture for Qwen35 {
         }
         let mut h = self.embed.forward(tokens)?;
         for (i, block) in self.blocks.iter().enumerate() {
-            let mut caches = layer_caches(seqs, i);
-            let n = block.input_norm.forward(&h)?;
-            let r = match &block.mixer {
-                Mixer::Linear(m) => m.forward_rows(&n, &mut caches, lens)?,
-                Mixer::Attention(a) => a.forward_rows(&n, &mut caches, lens)?,
-            };
-            let x = h.add(r)?;
-            h = x.add(block.mlp.forward(&block.post_attention_norm.forward(&x)?, None)?)?;
+            h = block.forward(&h, &mut layer_caches(seqs, i), lens)?;
         }
         self.norm.forward(&h)
     }
