@@ -19,7 +19,10 @@ prompt's logits in one pass; the logits of the prompt's tail after its head went
 the cache (`split_logits`, a prefill from a cached state); 32 greedy tokens from
 `generate_step` (a prefill, then decode steps through the recurrent state).
 
-Usage: make-hybrid-fixture.py OUT_DIR          (run with .deps/venv/bin/python)
+Also `qwen3_5-4bit`: the same weights MLX-quantized to 4 bits (groups of 32), without the
+MTP head, goldens from mlx-lm on the quantized directory.
+
+Usage: make-hybrid-fixture.py FIXTURES_DIR     (run with .deps/venv/bin/python)
 """
 
 import json
@@ -28,6 +31,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.generate import generate_step
@@ -121,16 +125,24 @@ def mtp_reference(model, args, mtp: dict, prompt) -> mx.array:
     return text.lm_head(x)[0]
 
 
-def main() -> None:
-    out = Path(sys.argv[1])
+def build(out: Path, quant: dict | None) -> None:
+    """One fixture directory with its goldens; `quant`: MLX affine quantization of every
+    linear layer and the embeddings (that variant carries no MTP head)."""
     out.mkdir(parents=True, exist_ok=True)
     model = qwen3_5.Model(qwen3_5.ModelArgs.from_dict(CONFIG))
     weights = random_parameters(model, seed=3500)
     model.update(tree_unflatten(list(weights.items())))
     args = qwen3_5.TextModelArgs.from_dict(CONFIG)
-    mtp = mtp_parameters(args, seed=3600)
+    config = dict(CONFIG)
+    mtp = {}
+    if quant:
+        nn.quantize(model, group_size=quant["group_size"], bits=quant["bits"])
+        weights = dict(tree_flatten(model.parameters()))
+        config["quantization"] = dict(quant)
+    else:
+        mtp = mtp_parameters(args, seed=3600)
     mx.save_safetensors(str(out / "model.safetensors"), weights | mtp, metadata={"format": "mlx"})
-    (out / "config.json").write_text(json.dumps(CONFIG, indent=1, sort_keys=True) + "\n")
+    (out / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(TOKENIZER_FROM / name, out / name)
 
@@ -138,22 +150,28 @@ def main() -> None:
     model, _ = load_model(out)
     prompt_ids = json.loads((TOKENIZER_FROM / "golden.json").read_text())["prompt_ids"]
     prompt = mx.array([prompt_ids])
-    logits = model(prompt)[0]
+    goldens = {"logits": model(prompt)[0]}
     cache = model.make_cache()
     model(prompt[:, :SPLIT], cache=cache)
-    split_logits = model(prompt[:, SPLIT:], cache=cache)[0]
+    goldens["split_logits"] = model(prompt[:, SPLIT:], cache=cache)[0]
     tokens = [
         int(t)
         for t, _ in generate_step(mx.array(prompt_ids), model, max_tokens=GREEDY_STEPS,
                                   sampler=lambda x: mx.argmax(x, axis=-1))
     ]
-    mtp_logits = mtp_reference(model, args, mtp, prompt)
-    mx.save_safetensors(str(out / "golden.safetensors"),
-                        {"logits": logits, "split_logits": split_logits, "mtp_logits": mtp_logits})
+    if mtp:
+        goldens["mtp_logits"] = mtp_reference(model, args, mtp, prompt)
+    mx.save_safetensors(str(out / "golden.safetensors"), goldens)
     (out / "golden.json").write_text(json.dumps(
         {"source": "mlx-lm", "prompt_ids": prompt_ids, "split": SPLIT, "greedy_tokens": tokens},
         indent=1) + "\n")
     print(f"{out}: {sum(f.stat().st_size for f in out.iterdir()) / 1e6:.2f} MB")
+
+
+def main() -> None:
+    fixtures = Path(sys.argv[1])
+    build(fixtures / "qwen3_5", None)
+    build(fixtures / "qwen3_5-4bit", {"group_size": 32, "bits": 4})
 
 
 if __name__ == "__main__":

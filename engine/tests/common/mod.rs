@@ -27,6 +27,7 @@ pub const FIXTURES: &[&str] = &[
     "gemma3",
     MTP_FIXTURE,
     HYBRID_FIXTURE,
+    "qwen3_5-4bit",
 ];
 
 /// The Qwen3.5-style hybrid (gated DeltaNet and gated attention layers;
