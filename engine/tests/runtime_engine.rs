@@ -41,6 +41,13 @@ async fn request(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_request_waits_at_most_one_warming_chunk() {
     let _serial = SERIAL.lock().await;
+    // A full-attention model, and the hybrid whose rungs run its recurrent layers.
+    for name in ["qwen3", HYBRID_FIXTURE] {
+        waits_at_most_one_warming_chunk(name).await;
+    }
+}
+
+async fn waits_at_most_one_warming_chunk(name: &str) {
     // Long rungs in small chunks on the fixture, so a request surely lands mid-rung.
     let ladder = LadderConfig {
         rungs: vec![1536, 1900],
@@ -50,27 +57,28 @@ async fn a_user_request_waits_at_most_one_warming_chunk() {
         max_interruptions: 8,
         enabled: true,
     };
-    let engine = Arc::new(Engine::start(config(ladder.clone())).unwrap());
-    let prompt: Vec<u32> = golden("qwen3").prompt_ids;
+    let cfg = EngineConfig { model: name.into(), ..config(ladder.clone()) };
+    let engine = Arc::new(Engine::start(cfg).unwrap());
+    let prompt: Vec<u32> = golden(name).prompt_ids;
     // Baseline on a quiet engine first (ladder not started yet), and the time of one chunk
     // at the rung's depth: a 128-token prompt after 1400 cached... approximated by a
     // 1536-token prefill / 12 chunks.
     let mut quiet = Duration::MAX;
     for _ in 0..3 {
-        quiet = quiet.min(request(&engine, "qwen3", prompt.clone(), 1).await.1);
+        quiet = quiet.min(request(&engine, name, prompt.clone(), 1).await.1);
     }
     let long: Vec<u32> = prompt.iter().copied().cycle().take(1536).collect();
-    let (g, _) = request(&engine, "qwen3", long, 1).await;
+    let (g, _) = request(&engine, name, long, 1).await;
     let chunk = g.ttft / 12;
     engine.start_background();
     while engine.ladder_status().state != LadderState::Running {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     tokio::time::sleep(chunk / 2).await;
-    let (_, busy) = request(&engine, "qwen3", prompt.clone(), 1).await;
+    let (_, busy) = request(&engine, name, prompt.clone(), 1).await;
     let st = engine.ladder_status();
     println!(
-        "TTFT quiet {:.1} ms, during a rung {:.1} ms; one chunk ~{:.1} ms; ladder {:?}, {} interruption(s)",
+        "{name}: TTFT quiet {:.1} ms, during a rung {:.1} ms; one chunk ~{:.1} ms; ladder {:?}, {} interruption(s)",
         quiet.as_secs_f64() * 1e3,
         busy.as_secs_f64() * 1e3,
         chunk.as_secs_f64() * 1e3,
