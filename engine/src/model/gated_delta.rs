@@ -4,13 +4,16 @@
 //! towards the token's value by the delta rule; the output is read from the state with the
 //! query, normed per head and gated by SiLU(z). The layer's cache is a `RecurrentState`.
 //!
-//! The recurrence runs token by token in MLX operations, as mlx-lm's own fallback does on
-//! the CPU (its Metal kernel fuses the same loop).
+//! The recurrence runs token by token: on the CPU backend on the host (`host_delta`),
+//! elsewhere in MLX operations, as mlx-lm's own fallback does (its Metal kernel fuses the
+//! same loop).
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{self, concatenate, zeros_dtype};
 use mlx_rs::{fast, nn, Array, Dtype};
 
+use super::host_delta::{self, DeltaInputs};
+use super::host_matrix;
 use super::kv_cache::KvCache;
 use super::layers::Projections;
 use super::linear::Linear;
@@ -207,11 +210,20 @@ impl GatedDeltaNet {
         let soft = nn::softplus(a.add(&self.dt_bias)?.as_dtype(Dtype::Float32)?)?;
         let decay = self.decay_rate.negative()?.multiply(&soft)?.exp()?;
         let short = l <= ROLLBACK_TOKENS;
+        let conv_before = |t: i32| input.index((.., t..t + keep, ..));
+        if host_matrix::enabled() {
+            let x = DeltaInputs { q: &q, k: &k, v: &v, beta: &beta, decay: &decay, state: &state };
+            let (y, state, before) = host_delta::run(x, short)?;
+            let history = before.into_iter().enumerate();
+            let history = history.map(|(t, s)| (conv_before(t as i32), s)).collect();
+            cache.advance_recurrent(input.index((.., l.., ..)), state, l, history);
+            return Ok(y.as_dtype(qkv.dtype())?);
+        }
         let mut history = Vec::new();
         let mut ys = Vec::with_capacity(l as usize);
         for t in 0..l {
             if short {
-                history.push((input.index((.., t..t + keep, ..)), state.clone()));
+                history.push((conv_before(t), state.clone()));
             }
             let at = |x: &Array| x.index((.., t, ..));
             let (qt, kt, vt) = (at(&q), at(&k).expand_dims(2)?, at(&v));

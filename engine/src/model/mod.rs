@@ -8,6 +8,7 @@ pub mod gated_delta;
 pub mod gemma3_text;
 pub mod host_attention;
 mod host_decode_attention;
+pub mod host_delta;
 pub mod host_gelu;
 pub mod host_matrix;
 pub mod host_step;
