@@ -19,8 +19,8 @@ prompt's logits in one pass; the logits of the prompt's tail after its head went
 the cache (`split_logits`, a prefill from a cached state); 32 greedy tokens from
 `generate_step` (a prefill, then decode steps through the recurrent state).
 
-Also `qwen3_5-4bit`: the same weights MLX-quantized to 4 bits (groups of 32), without the
-MTP head, goldens from mlx-lm on the quantized directory.
+Also `qwen3_5-4bit` and `qwen3_5-8bit`: the same weights MLX-quantized (groups of 32 and
+64), without the MTP head, goldens from mlx-lm on each directory.
 
 Usage: make-hybrid-fixture.py FIXTURES_DIR     (run with .deps/venv/bin/python)
 """
@@ -125,9 +125,11 @@ def mtp_reference(model, args, mtp: dict, prompt) -> mx.array:
     return text.lm_head(x)[0]
 
 
-def build(out: Path, quant: dict | None) -> None:
+def build(out: Path, quant: dict | None, dtype=mx.float32) -> None:
     """One fixture directory with its goldens; `quant`: MLX affine quantization of every
-    linear layer and the embeddings (that variant carries no MTP head)."""
+    linear layer and the embeddings; `dtype`: how the weights are stored (the goldens are
+    computed in f32 from them, as Perch computes on the CPU). Only the f32 one carries an
+    MTP head."""
     out.mkdir(parents=True, exist_ok=True)
     model = qwen3_5.Model(qwen3_5.ModelArgs.from_dict(CONFIG))
     weights = random_parameters(model, seed=3500)
@@ -139,8 +141,11 @@ def build(out: Path, quant: dict | None) -> None:
         nn.quantize(model, group_size=quant["group_size"], bits=quant["bits"])
         weights = dict(tree_flatten(model.parameters()))
         config["quantization"] = dict(quant)
-    else:
+    elif dtype == mx.float32:
         mtp = mtp_parameters(args, seed=3600)
+    else:
+        weights = {k: v.astype(dtype) for k, v in weights.items()}
+        config["torch_dtype"] = {mx.bfloat16: "bfloat16", mx.float16: "float16"}[dtype]
     mx.save_safetensors(str(out / "model.safetensors"), weights | mtp, metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -148,6 +153,7 @@ def build(out: Path, quant: dict | None) -> None:
 
     # The goldens come from the directory as mlx-lm loads it, not from the object above.
     model, _ = load_model(out)
+    model.set_dtype(mx.float32)
     prompt_ids = json.loads((TOKENIZER_FROM / "golden.json").read_text())["prompt_ids"]
     prompt = mx.array([prompt_ids])
     goldens = {"logits": model(prompt)[0]}
@@ -172,6 +178,7 @@ def main() -> None:
     fixtures = Path(sys.argv[1])
     build(fixtures / "qwen3_5", None)
     build(fixtures / "qwen3_5-4bit", {"group_size": 32, "bits": 4})
+    build(fixtures / "qwen3_5-8bit", {"group_size": 64, "bits": 8})
 
 
 if __name__ == "__main__":

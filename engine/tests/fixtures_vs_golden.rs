@@ -9,6 +9,7 @@
 mod common;
 
 use common::*;
+use mlx_rs::Array;
 use perch_engine::{generate, load_model_as, FinishReason, GenerateParams};
 
 #[test]
@@ -92,6 +93,35 @@ fn hybrid_prefill_from_a_cached_state_matches_mlx_lm() {
     let err = relative_error(&ours, &want);
     println!("{HYBRID_FIXTURE}: prefill after a cached head, relative logit error {err:.2e}");
     assert!(err <= 1e-3, "logits after a cached head differ from mlx-lm by {err:.2e} relative");
+}
+
+#[test]
+fn hybrid_rolls_back_part_of_a_short_call_exactly() {
+    // What a verification that accepts some drafts leaves: a 5-token call, its last 2 cut
+    // off, then the rest, must equal running only the first 3. Further back than the call
+    // reaches is refused.
+    use perch_engine::model::kv_cache::KvCache;
+    let model = load_fixture(HYBRID_FIXTURE);
+    let ids: Vec<u32> =
+        golden(HYBRID_FIXTURE).prompt_ids.iter().copied().cycle().take(20).collect();
+    let run = |ids: &[u32], caches: &mut [KvCache]| {
+        let logits = model.net.forward(&Array::from_slice(ids, &[1, ids.len() as i32]), caches);
+        let logits = logits.unwrap();
+        logits.eval().unwrap();
+        logits.as_slice::<f32>().to_vec()
+    };
+    let mut rolled = model.net.new_caches();
+    run(&ids[..10], &mut rolled);
+    run(&ids[10..15], &mut rolled);
+    assert!(rolled.iter().any(|c| c.recurrent().is_some()));
+    assert!(!rolled.iter().all(|c| c.can_trim(6)), "a recurrent layer cut past its last call");
+    for c in rolled.iter_mut() {
+        assert_eq!(c.trim(2), 2);
+    }
+    let mut plain = model.net.new_caches();
+    run(&ids[..13], &mut plain);
+    let err = relative_error(&run(&ids[13..], &mut rolled), &run(&ids[13..], &mut plain));
+    assert!(err <= 1e-5, "after a partial rollback the logits differ by {err:.2e} relative");
 }
 
 #[test]

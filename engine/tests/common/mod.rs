@@ -28,6 +28,7 @@ pub const FIXTURES: &[&str] = &[
     MTP_FIXTURE,
     HYBRID_FIXTURE,
     "qwen3_5-4bit",
+    "qwen3_5-8bit",
 ];
 
 /// The Qwen3.5-style hybrid (gated DeltaNet and gated attention layers;
