@@ -7,11 +7,15 @@ use mlx_rs::Array;
 
 use crate::error::Result;
 
-/// `x`'s values as f32, row-major (the inputs are views: slices, repeats).
-fn values(x: &Array) -> Result<Vec<f32>> {
-    let x = x.as_dtype(mlx_rs::Dtype::Float32)?.contiguous()?;
-    x.eval()?;
-    Ok(x.as_slice::<f32>().to_vec())
+/// The arrays' values as f32, row-major (the inputs are views: slices, repeats), evaluated
+/// together: one hand-over from MLX per call, not one per input.
+fn values<const N: usize>(xs: [&Array; N]) -> Result<[Vec<f32>; N]> {
+    let flat = xs
+        .iter()
+        .map(|x| Ok(x.as_dtype(mlx_rs::Dtype::Float32)?.contiguous()?))
+        .collect::<Result<Vec<Array>>>()?;
+    mlx_rs::transforms::eval(flat.iter())?;
+    Ok(std::array::from_fn(|i| flat[i].as_slice::<f32>().to_vec()))
 }
 
 /// Inputs of one call, as MLX arrays: `q`, `k` [B, L, H, Dk] (q/k already L2-normed, scaled,
@@ -32,9 +36,7 @@ pub fn run(x: DeltaInputs, snapshots: bool) -> Result<(Array, Array, Vec<Array>)
     let (sq, sv) = (x.q.shape(), x.v.shape());
     let (b, l, h, dk, dv) =
         (sq[0] as usize, sq[1] as usize, sq[2] as usize, sq[3] as usize, sv[3] as usize);
-    let (q, k, v) = (values(x.q)?, values(x.k)?, values(x.v)?);
-    let (beta, decay) = (values(x.beta)?, values(x.decay)?);
-    let mut state = values(x.state)?;
+    let [q, k, v, beta, decay, mut state] = values([x.q, x.k, x.v, x.beta, x.decay, x.state])?;
     let mut y = vec![0f32; b * l * h * dv];
     let mut kept = Vec::new();
     let state_shape = x.state.shape().to_vec();
@@ -111,7 +113,7 @@ mod tests {
         let (want_y, want_state) = reference(&x);
         let (y, s, kept) = run(x, true).unwrap();
         let worst = |a: &Array, b: &Array| {
-            let (a, b) = (values(a).unwrap(), values(b).unwrap());
+            let [a, b] = values([a, b]).unwrap();
             a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)
         };
         assert!(worst(&y, &want_y) < 1e-5, "outputs differ by {}", worst(&y, &want_y));
