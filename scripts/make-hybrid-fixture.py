@@ -125,11 +125,10 @@ def mtp_reference(model, args, mtp: dict, prompt) -> mx.array:
     return text.lm_head(x)[0]
 
 
-def build(out: Path, quant: dict | None, dtype=mx.float32) -> None:
-    """One fixture directory with its goldens; `quant`: MLX affine quantization of every
-    linear layer and the embeddings; `dtype`: how the weights are stored (the goldens are
-    computed in f32 from them, as Perch computes on the CPU). Only the f32 one carries an
-    MTP head."""
+def build(out: Path, quant: dict | None) -> None:
+    """One fixture directory with its goldens (computed in f32, as Perch computes on the
+    CPU); `quant`: MLX affine quantization of every linear layer and the embeddings (that
+    variant carries no MTP head)."""
     out.mkdir(parents=True, exist_ok=True)
     model = qwen3_5.Model(qwen3_5.ModelArgs.from_dict(CONFIG))
     weights = random_parameters(model, seed=3500)
@@ -141,11 +140,8 @@ def build(out: Path, quant: dict | None, dtype=mx.float32) -> None:
         nn.quantize(model, group_size=quant["group_size"], bits=quant["bits"])
         weights = dict(tree_flatten(model.parameters()))
         config["quantization"] = dict(quant)
-    elif dtype == mx.float32:
-        mtp = mtp_parameters(args, seed=3600)
     else:
-        weights = {k: v.astype(dtype) for k, v in weights.items()}
-        config["torch_dtype"] = {mx.bfloat16: "bfloat16", mx.float16: "float16"}[dtype]
+        mtp = mtp_parameters(args, seed=3600)
     mx.save_safetensors(str(out / "model.safetensors"), weights | mtp, metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
     for name in ("tokenizer.json", "tokenizer_config.json"):

@@ -21,6 +21,7 @@ fn values<const N: usize>(xs: [&Array; N]) -> Result<[Vec<f32>; N]> {
 /// Inputs of one call, as MLX arrays: `q`, `k` [B, L, H, Dk] (q/k already L2-normed, scaled,
 /// repeated to the value heads), `v` [B, L, H, Dv], `beta` and `decay` [B, L, H], `state`
 /// [B, H, Dv, Dk] f32.
+#[derive(Clone, Copy)]
 pub struct DeltaInputs<'a> {
     pub q: &'a Array,
     pub k: &'a Array,
@@ -36,6 +37,18 @@ pub fn run(x: DeltaInputs, snapshots: bool) -> Result<(Array, Array, Vec<Array>)
     let (sq, sv) = (x.q.shape(), x.v.shape());
     let (b, l, h, dk, dv) =
         (sq[0] as usize, sq[1] as usize, sq[2] as usize, sq[3] as usize, sv[3] as usize);
+    // A state restored from a file that does not fit the layer is an error, never an
+    // out-of-bounds read.
+    let fits = x.k.shape() == sq
+        && sv[..3] == sq[..3]
+        && [x.beta.shape(), x.decay.shape()].iter().all(|s| *s == &sq[..3])
+        && x.state.shape() == [sq[0], sq[2], sv[3], sq[3]];
+    if !fits {
+        return Err(crate::error::EngineError::Internal(format!(
+            "linear attention: a recurrent state of shape {:?} does not fit the layer",
+            x.state.shape()
+        )));
+    }
     let [q, k, v, beta, decay, mut state] = values([x.q, x.k, x.v, x.beta, x.decay, x.state])?;
     let mut y = vec![0f32; b * l * h * dv];
     let mut kept = Vec::new();
@@ -120,5 +133,8 @@ mod tests {
         assert!(worst(&s, &want_state) < 1e-5, "states differ by {}", worst(&s, &want_state));
         assert_eq!(kept.len(), l as usize);
         assert!(worst(&kept[0], &state) == 0.0, "the first snapshot is the state before");
+        let small = r(&[b, h, dv, dk - 1], 7);
+        let x = DeltaInputs { state: &small, ..x };
+        assert!(run(x, false).is_err(), "a state of the wrong shape was read");
     }
 }
