@@ -53,6 +53,8 @@ impl Default for SamplingDefaults {
 pub struct Settings {
     /// Where installed models live (empty: the platform data directory).
     pub models_dir: String,
+    /// Where the chat window keeps its conversations (empty: the platform data directory).
+    pub conversations_dir: String,
     /// The model loaded at start and offered first in the chat window.
     pub default_model: String,
     /// Loopback port of the API and the chat UI (0: any free port).
@@ -117,6 +119,7 @@ impl Default for Settings {
         let (engine, ladder) = (EngineConfig::default(), LadderConfig::default());
         Settings {
             models_dir: String::new(),
+            conversations_dir: String::new(),
             default_model: crate::paths::DEFAULT_MODEL_ID.into(),
             port: crate::paths::DEFAULT_PORT,
             api_key: String::new(),
@@ -245,26 +248,7 @@ impl Settings {
             "# Perch settings. Edit here or in the settings window; changes apply on save.\n{}",
             toml::to_string_pretty(self).expect("settings serialize")
         );
-        let tmp = path.with_extension("toml.tmp");
-        let write = || -> std::io::Result<()> {
-            use std::io::Write;
-            let mut f = std::fs::File::create(&tmp)?;
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::PermissionsExt;
-                f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
-            }
-            f.write_all(text.as_bytes())?;
-            // On disk before the rename makes it the file, and the rename on disk before we
-            // say it is saved: after a power cut the old file or the new, never an empty one.
-            f.sync_all()?;
-            std::fs::rename(&tmp, path)?;
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::File::open(dir)?.sync_all()?;
-            }
-            Ok(())
-        };
-        write().map_err(err)
+        crate::private_files::write_atomic(path, text.as_bytes()).map_err(err)
     }
 
     /// This file's settings with `patch` (a JSON object of settings) laid over them: fields
@@ -455,6 +439,14 @@ impl Settings {
         }
     }
 
+    pub fn conversations_dir(&self) -> PathBuf {
+        if self.conversations_dir.is_empty() {
+            crate::paths::conversations_dir()
+        } else {
+            PathBuf::from(&self.conversations_dir)
+        }
+    }
+
     pub fn catalog(&self) -> Catalog {
         Catalog {
             models_dir: self.models_dir(),
@@ -518,7 +510,7 @@ impl Settings {
 }
 
 /// 128 random bits as hex, from the OS (a key nobody knows).
-fn random_key() -> String {
+pub(crate) fn random_key() -> String {
     use std::io::Read;
     let mut b = [0u8; 16];
     if std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).is_err() {

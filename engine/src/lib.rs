@@ -8,6 +8,7 @@ pub mod catalog;
 pub mod chat;
 pub mod checked_file;
 pub mod config;
+pub mod conversations;
 pub mod decode;
 pub mod download;
 pub mod error;

@@ -116,6 +116,10 @@ enum Command {
         /// Also log prompt and completion text.
         #[arg(long)]
         log_text: bool,
+        /// Where the chat window keeps conversations (default: the platform data directory);
+        /// `none`: not kept.
+        #[arg(long)]
+        conversations_dir: Option<String>,
         /// Seconds an unused model stays loaded (0: unload after each request, -1: never).
         #[arg(long, default_value_t = defaults().keep_alive_s, allow_hyphen_values = true)]
         keep_alive: i64,
@@ -394,6 +398,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             max_tokens_cap,
             log_dir,
             log_text,
+            conversations_dir,
             keep_alive,
             ladder,
             idle_grace,
@@ -483,6 +488,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 max_body_bytes: max_body,
                 log_dir: log_dir.clone(),
                 log_text,
+                conversations_dir: match conversations_dir.as_deref() {
+                    Some("none") => None,
+                    Some(d) => Some(PathBuf::from(d)),
+                    None => Some(perch_engine::paths::conversations_dir()),
+                },
                 ..Default::default()
             };
             let rt = tokio::runtime::Runtime::new()?;

@@ -20,6 +20,18 @@ pub fn models_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(".perch/models"))
 }
 
+/// Where the chat window keeps conversations: `$PERCH_DATA_DIR/conversations`, else the
+/// platform data directory's (`~/Library/Application Support/dev.Perch.Perch/conversations`
+/// on macOS, `~/.local/share/perch/conversations` on Linux).
+pub fn conversations_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PERCH_DATA_DIR") {
+        return PathBuf::from(dir).join("conversations");
+    }
+    directories::ProjectDirs::from("dev", "Perch", "Perch")
+        .map(|d| d.data_dir().join("conversations"))
+        .unwrap_or_else(|| PathBuf::from(".perch/conversations"))
+}
+
 /// Where logs go (the request log among them): `$PERCH_LOG_DIR`, else the platform's
 /// (`~/Library/Logs/...`-style cache directory on macOS, `~/.cache/perch/logs` on Linux).
 pub fn log_dir() -> PathBuf {

@@ -38,6 +38,31 @@ pub fn create(path: &Path) -> io::Result<File> {
     o.open(path)
 }
 
+/// Write `bytes` to `path` atomically and private to the user: a reader (or a power cut)
+/// sees the old file or the new one, never half of one.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    let mut f = create(&tmp)?;
+    // Narrowed also when the file existed (create's mode applies to new files only).
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    }
+    f.write_all(bytes)?;
+    // On disk before the rename makes it the file, and the rename on disk before the caller
+    // says it is saved.
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
 #[cfg(all(test, unix))]
 mod tests {
     use super::*;

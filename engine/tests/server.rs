@@ -685,3 +685,131 @@ async fn a_request_counts_as_arrived_while_its_body_is_parsed() {
     assert_eq!(h["foreground_arriving"], 0);
     s.shutdown().await;
 }
+
+/// The chat window's conversations over HTTP, with no engine hosted (they are served
+/// through restarts): saved with a revision check, listed, searched, renamed, exported and
+/// imported as Markdown, refused by field, private to Perch's own pages, kept on disk for a
+/// new server, and a clear 404 where none are kept.
+#[tokio::test]
+async fn conversations_are_kept_checked_and_private() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = ServeConfig {
+        port: 0,
+        conversations_dir: Some(dir.path().join("chats")),
+        allowed_origins: vec!["http://allowed.example".into()],
+        ..Default::default()
+    };
+    let s = Server::bind(config.clone()).await.unwrap();
+    let put = |body: Value| {
+        let id = body["id"].as_str().unwrap().to_string();
+        let url = s.url();
+        async move {
+            call(&url, reqwest::Method::PUT, &format!("/perch/conversations/{id}"), Some(body))
+                .await
+        }
+    };
+    let chat = json!({"id": "c1", "title": "Birds", "settings": {"model": "qwen3", "system": "Be brief."},
+        "messages": [{"id": "q", "role": "user", "content": "Name a bird that cannot fly."},
+                     {"id": "a", "parent": "q", "role": "assistant", "content": "The kiwi.",
+                      "stats": {"completion_tokens": 3, "tokens_per_s": 20.5}}],
+        "current": "a"});
+    let (status, saved) = put(chat.clone()).await;
+    assert_eq!(status, 200, "{saved}");
+    assert_eq!(saved["revision"], 1);
+    assert!(saved["updated_ms"].as_u64().unwrap() > 0);
+
+    // A second save from a window that read revision 0 is refused, not lost on top.
+    let (status, e) = put(chat.clone()).await;
+    assert_eq!((status, e["error"]["code"].as_str()), (409, Some("conflict")), "{e}");
+
+    // Listed and searched (case-insensitive, message text too).
+    let (_, list) = get(&s, "/perch/conversations").await;
+    assert_eq!(list["data"][0]["id"], "c1");
+    let (_, hits) = get(&s, "/perch/conversations?q=KIWI").await;
+    assert_eq!(hits["data"][0]["snippet"], "The kiwi.");
+    let (_, none) = get(&s, "/perch/conversations?q=penguin").await;
+    assert_eq!(none["data"].as_array().unwrap().len(), 0);
+
+    // Refused by field: an unknown one, a tree that is not one, an id that is a path.
+    let mut bad = saved.clone();
+    bad["messages"][1]["colour"] = json!("red");
+    let (status, e) = put(bad).await;
+    assert_eq!(status, 400);
+    assert!(e["error"]["param"].as_str().unwrap().starts_with("messages[1]"), "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("colour"), "{e}");
+    let mut bad = saved.clone();
+    bad["messages"][0]["parent"] = json!("a");
+    let (status, e) = put(bad).await;
+    assert_eq!((status, e["error"]["param"].as_str()), (400, Some("messages[0].parent")), "{e}");
+    let (status, e) = get(&s, "/perch/conversations/..%2F..%2Fetc%2Fpasswd").await;
+    assert_eq!((status, e["error"]["param"].as_str()), (400, Some("id")), "{e}");
+    let (status, e) =
+        call(&s, reqwest::Method::PUT, "/perch/conversations/other", Some(saved.clone())).await;
+    assert_eq!((status, e["error"]["param"].as_str()), (400, Some("id")), "{e}");
+
+    // Private: no other page reads them, not even an origin allowed to use the API, and
+    // writes take JSON only.
+    let r = client()
+        .get(format!("{}/perch/conversations", s.url()))
+        .header("Origin", "http://allowed.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+    let r = client()
+        .put(format!("{}/perch/conversations/c1", s.url()))
+        .header("Content-Type", "text/plain")
+        .body(saved.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 415);
+
+    // Renamed, then exported as Markdown and imported back as a new conversation.
+    let (status, renamed) = call(
+        &s,
+        reqwest::Method::PATCH,
+        "/perch/conversations/c1",
+        Some(json!({"title": "Flightless birds"})),
+    )
+    .await;
+    assert_eq!((status, renamed["revision"].as_u64()), (200, Some(2)), "{renamed}");
+    let r = client()
+        .get(format!("{}/perch/conversations/c1/export?format=markdown", s.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.headers()["content-disposition"].to_str().unwrap(),
+        "attachment; filename=\"Flightless-birds.md\""
+    );
+    let md = r.text().await.unwrap();
+    assert_eq!(md, "# Flightless birds\n\n## System\n\nBe brief.\n\n## User\n\nName a bird that cannot fly.\n\n## Assistant\n\nThe kiwi.\n");
+    let (status, imported) = post(&s, "/perch/conversations/import", json!({"markdown": md})).await;
+    assert_eq!(status, 201, "{imported}");
+    let new_id = imported["imported"][0]["id"].as_str().unwrap().to_string();
+    assert_ne!(new_id, "c1");
+    let (_, copy) = get(&s, &format!("/perch/conversations/{new_id}")).await;
+    assert_eq!(copy["settings"]["system"], "Be brief.");
+    assert_eq!(copy["messages"][1]["content"], "The kiwi.");
+    let (status, e) =
+        post(&s, "/perch/conversations/import", json!({"markdown": "no headings"})).await;
+    assert_eq!((status, e["error"]["param"].as_str()), (400, Some("markdown")), "{e}");
+
+    // A new server over the same folder (a restart) has both; deleting one leaves a 404.
+    s.shutdown().await;
+    let s = Server::bind(config).await.unwrap();
+    let (_, list) = get(&s, "/perch/conversations").await;
+    assert_eq!(list["data"].as_array().unwrap().len(), 2, "{list}");
+    let (status, _) = call(&s, reqwest::Method::DELETE, "/perch/conversations/c1", None).await;
+    assert_eq!(status, 200);
+    let (status, e) = get(&s, "/perch/conversations/c1").await;
+    assert_eq!((status, e["error"]["code"].as_str()), (404, Some("conversation_not_found")));
+    s.shutdown().await;
+
+    // A server that keeps none says so.
+    let s = Server::bind(ServeConfig { port: 0, ..Default::default() }).await.unwrap();
+    let (status, e) = get(&s, "/perch/conversations").await;
+    assert_eq!((status, e["error"]["code"].as_str()), (404, Some("conversations_off")), "{e}");
+    s.shutdown().await;
+}

@@ -1,7 +1,9 @@
 //! The UI in a real browser: the engine serves `ui/` from a settings file with fixture models,
 //! and `tests/ui/browser.mjs` drives Debian's chromium through playwright-core (chat,
 //! streaming, stop, reload, settings restart, invalid settings, models page, a Hugging Face
-//! cache model, downloads from a loopback hub with progress and cancel). Screenshots go
+//! cache model, downloads from a loopback hub with progress and cancel; conversations kept by
+//! the engine with versions, attachments, export and import); then `tests/ui/hostile.mjs`
+//! opens a corpus of hostile answers and fails if anything runs. Screenshots go
 //! to `target/test-artifacts/ui/`. Needs `scripts/setup-ui` (run by `scripts/test`).
 
 mod common;
@@ -51,8 +53,9 @@ async fn the_ui_chats_stops_remembers_and_restarts_the_engine_in_chromium() {
     std::fs::write(
         &config,
         format!(
-            "models_dir = \"{}\"\ndefault_model = \"chat\"\nport = 0\nwarmup_profile = \"off\"\nload_warmup = false\nscan_hf_cache = true\ndraft = \"none\"\nhub_endpoint = \"{hub_url}\"\n",
-            models.display()
+            "models_dir = \"{}\"\nconversations_dir = \"{}\"\ndefault_model = \"chat\"\nport = 0\nwarmup_profile = \"off\"\nload_warmup = false\nscan_hf_cache = true\ndraft = \"none\"\nhub_endpoint = \"{hub_url}\"\n",
+            models.display(),
+            tmp.path().join("conversations").display()
         ),
     )
     .unwrap();
@@ -78,5 +81,17 @@ async fn the_ui_chats_stops_remembers_and_restarts_the_engine_in_chromium() {
         out.status.success(),
         "the browser checks failed (screenshot: target/test-artifacts/ui/failure.png)"
     );
+    // Hostile model output, through the chat's own rendering (the page moved ports above).
+    let (url, artifacts) = (sup.url(), root().join("target/test-artifacts/ui"));
+    let script = root().join("tests/ui/hostile.mjs");
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new("node").arg(script).arg(url).arg(&artifacts).output()
+    })
+    .await
+    .unwrap()
+    .expect("node");
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "hostile output ran or froze the page (screenshot: target/test-artifacts/ui/hostile-failure.png)");
     sup.shutdown().await;
 }

@@ -63,6 +63,12 @@ try {
   const answer = await js("const b = document.querySelectorAll('.msg.assistant .body'); return b[b.length - 1].textContent");
   if (!answer || answer.length === 0) throw new Error("empty answer");
   step(`answered (${stats}): ${JSON.stringify(answer.slice(0, 60))}…`);
+  // The engine kept it: the sidebar lists it, and opening it shows the exchange again.
+  await until("the chat in the list", async () => (await js("return [...document.querySelectorAll('#conversations li button.open')].map((b) => b.textContent).join('|')")).includes("Hello from the window"));
+  await js("document.querySelector('#new-chat').click(); return true");
+  await wd("POST", `${S}/element/${await find("#conversations li button.open")}/click`, {});
+  await until("the conversation to open", async () => (await js("const u = document.querySelector('.msg.user .body'); return u ? u.textContent : ''")) === "Hello from the window");
+  step("the chat is listed and opens again");
   const png = await wd("GET", `${S}/screenshot`);
   fs.writeFileSync(path.join(artifacts, "app-chat-window.png"), Buffer.from(png, "base64"));
   step("screenshot saved");

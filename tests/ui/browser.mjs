@@ -36,16 +36,32 @@ try {
   await waitRunning();
   step("the page loaded and the engine runs");
 
-  // 0. Answers render as markdown, safely: code blocks keep their text, HTML stays text.
-  const md = await page.evaluate(() =>
-    renderMarkdown("# Title\n```js\nlet a = '<b>x</b>';\n```\n**bold** and `code <i>` and [ok](https://example.com) [bad](javascript:alert(1))\n- one\n- two"),
-  );
-  assert.ok(md.includes('<pre data-lang="js"><code>let a = &#39;&lt;b&gt;x&lt;/b&gt;&#39;;</code></pre>'), md);
-  assert.ok(md.includes("<strong>bold</strong>") && md.includes("<code>code &lt;i&gt;</code>"), md);
-  assert.ok(md.includes('<a href="https://example.com" target="_blank" rel="noopener noreferrer">ok</a>'), md);
-  assert.ok(!md.includes('href="javascript'), `no script links: ${md}`);
-  assert.ok(md.includes("<ul><li>one</li><li>two</li></ul>") && md.includes("<h3>Title</h3>"), md);
-  step("markdown renders code, emphasis, links and lists, and keeps HTML as text");
+  // 0. Answers render as markdown (markdown-it, highlight.js, DOMPurify), safely: code keeps
+  // its text, HTML stays text, only http(s) links are links (tests/ui/hostile.mjs has the rest).
+  const md = await page.evaluate(() => {
+    const div = document.createElement("div");
+    div.innerHTML = renderMarkdown("# Title\n```js\nlet a = '<b>x</b>';\n```\n**bold** and `code <i>` and [ok](https://example.com) [bad](javascript:alert(1))\n- one\n- two");
+    const code = div.querySelector("pre code");
+    return {
+      h1: div.querySelector("h1")?.textContent,
+      code: code?.textContent,
+      highlighted: code?.querySelectorAll("span[class^=hljs]").length,
+      strong: div.querySelector("strong")?.textContent,
+      inline: [...div.querySelectorAll("p code")].map((c) => c.textContent),
+      links: [...div.querySelectorAll("a")].map((a) => [a.getAttribute("href"), a.target, a.rel]),
+      items: [...div.querySelectorAll("ul li")].map((l) => l.textContent),
+      tags: [...div.querySelectorAll("b, i, script")].length,
+    };
+  });
+  assert.equal(md.h1, "Title");
+  assert.equal(md.code, "let a = '<b>x</b>';\n");
+  assert.ok(md.highlighted > 0, "code is highlighted");
+  assert.equal(md.strong, "bold");
+  assert.deepEqual(md.inline, ["code <i>"]);
+  assert.deepEqual(md.links, [["https://example.com", "_blank", "noopener noreferrer"]], "a javascript: link is no link");
+  assert.deepEqual(md.items, ["one", "two"]);
+  assert.equal(md.tags, 0, "markup in the text stays text");
+  step("markdown renders headings, highlighted code, emphasis, links and lists, and keeps HTML as text");
 
   // 1. A chat answer streams in, and the token rate shows after it.
   await page.fill("#prompt", "Hello there");
@@ -102,10 +118,129 @@ try {
   await waitRunning();
   const item = page.locator("#conversations li", { hasText: "Hello there" });
   await item.waitFor();
-  await item.click();
-  assert.equal(await page.locator(".msg.user").first().textContent(), "Hello there");
+  await item.locator("button.open").click();
+  assert.equal(await page.locator(".msg.user .body").first().textContent(), "Hello there");
   assert.equal(await page.locator(".msg.assistant").count(), 2);
   step("the conversation survived a reload");
+
+  // 4b. The engine keeps the chats: a page with no storage of its own (a cleared webview, a
+  // second browser) lists the same ones.
+  const fresh = await browser.newContext();
+  const other = await fresh.newPage();
+  await other.goto(`${url}/#chat`);
+  await other.locator("#conversations li", { hasText: "Hello there" }).waitFor({ timeout: 30000 });
+  await fresh.close();
+  step("a page with empty storage lists the same chats");
+
+  // 4c. Regenerate: a second answer, with the first kept as a version to flip back to.
+  const lastStats = () => page.locator(".msg.assistant").last().locator(".stats");
+  await page.click("#new-chat");
+  await page.fill("#prompt", "Branch me");
+  await page.press("#prompt", "Enter");
+  await lastStats().waitFor({ timeout: 60000 });
+  const first = await page.locator(".msg.assistant .body").last().textContent();
+  await page.locator(".msg.assistant").last().hover();
+  await page.locator(".msg.assistant .regenerate").last().click();
+  await page.waitForFunction(() => document.querySelector(".msg.assistant .branches .which")?.textContent === "2/2" && document.querySelector(".msg.assistant .stats"), null, { timeout: 60000 });
+  assert.match(await lastStats().textContent(), /first token [\d.]+ s/, "the answer's figures include the time to the first token");
+  await page.locator(".msg.assistant .branches .prev").click();
+  assert.equal(await page.locator(".msg.assistant .branches .which").textContent(), "1/2");
+  assert.equal(await page.locator(".msg.assistant .body").last().textContent(), first);
+  step("regenerated an answer; both versions are kept and can be flipped");
+
+  // 4d. Edit and resend: the edited question is a new version with its own answer.
+  await page.locator(".msg.user").last().hover();
+  await page.locator(".msg.user .edit").last().click();
+  await page.fill(".msg.user .edit-text", "Branch me again");
+  await page.click(".msg.user .resend");
+  await page.waitForFunction(() => document.querySelector(".msg.user .branches .which")?.textContent === "2/2" && document.querySelector(".msg.assistant .stats"), null, { timeout: 60000 });
+  assert.equal(await page.locator(".msg.user .body").last().textContent(), "Branch me again");
+  await page.locator(".msg.user .branches .prev").click();
+  assert.equal(await page.locator(".msg.user .body").last().textContent(), "Branch me");
+  assert.equal(await page.locator(".msg.assistant .branches .which").textContent(), "2/2", "the old question keeps its versions (its newest shown)");
+  const stored = await page.evaluate(async () => {
+    const list = await (await fetch("/perch/conversations?q=Branch")).json();
+    return (await fetch(`/perch/conversations/${list.data[0].id}`)).json();
+  });
+  assert.equal(stored.messages.length, 5, "two questions, three answers, all on disk");
+  step("edited and resent a question; the earlier one stays a version with its answers");
+
+  // 4e. Copy a message.
+  await context.grantPermissions(["clipboard-read", "clipboard-write"], { origin: url });
+  await page.locator(".msg.user").last().hover();
+  await page.locator(".msg.user .copy").last().click();
+  assert.equal(await page.evaluate(() => navigator.clipboard.readText()), "Branch me");
+  step("copied a message");
+
+  // 4f. Attachments: a text file goes with the message; an image is refused in words.
+  await page.click("#new-chat");
+  await page.setInputFiles("#attach-file", { name: "cat.png", mimeType: "image/png", buffer: Buffer.from([0x89, 0x50, 0x4e, 0x47]) });
+  await page.waitForFunction(() => /cannot see images/.test(document.querySelector("#chat-notice").textContent));
+  await page.setInputFiles("#attach-file", { name: "notes.txt", mimeType: "text/plain", buffer: Buffer.from("A heron.") });
+  await page.locator("#attachments .chip", { hasText: "notes.txt" }).waitFor();
+  await page.fill("#prompt", "Read my notes");
+  await page.press("#prompt", "Enter");
+  await lastStats().waitFor({ timeout: 60000 });
+  assert.equal(await page.locator(".msg.user .chip").textContent(), "notes.txt");
+  assert.match(await page.locator("#context-meter").textContent(), /^Context [\d,]+ of [\d,]+ tokens/);
+  await shot(page, "chat-attachment.png");
+  step(`attached a text file (an image was refused); meter: ${await page.locator("#context-meter").textContent()}`);
+
+  // 4g. Rename, search, export, import, delete.
+  const chatItem = (text) => page.locator("#conversations li", { hasText: text });
+  page.once("dialog", (d) => d.accept("Heron notes"));
+  await chatItem("Read my notes").hover();
+  await chatItem("Read my notes").locator(".rename").click();
+  await chatItem("Heron notes").waitFor();
+  await page.fill("#search", "heron.");
+  await page.waitForFunction(() => document.querySelectorAll("#conversations li").length === 1);
+  assert.match(await page.locator("#conversations li .snippet").textContent(), /heron/i);
+  await page.fill("#search", "");
+  await page.waitForFunction(() => document.querySelectorAll("#conversations li").length > 1);
+  await chatItem("Heron notes").hover();
+  const [download] = await Promise.all([page.waitForEvent("download"), chatItem("Heron notes").locator(".export").click()]);
+  const exported = fs.readFileSync(await download.path(), "utf8");
+  assert.ok(exported.startsWith("# Heron notes\n\n## User\n\nRead my notes"), exported.slice(0, 120));
+  await page.setInputFiles("#import-file", { name: "old.md", mimeType: "text/markdown", buffer: Buffer.from("# Imported one\n\n## User\n\nhi\n\n## Assistant\n\nhello") });
+  await chatItem("Imported one").waitFor();
+  page.once("dialog", (d) => d.accept());
+  await chatItem("Imported one").hover();
+  await chatItem("Imported one").locator(".delete").click();
+  await chatItem("Imported one").waitFor({ state: "detached" });
+  step("renamed, searched, exported as Markdown, imported and deleted chats");
+
+  // 4h. Chats an older Perch kept in the page's storage move into the engine once.
+  await page.evaluate(() => localStorage.setItem("perch.conversations", JSON.stringify([{ id: "c1", title: "From before", messages: [{ role: "user", content: "old question" }, { role: "assistant", content: "old answer" }] }])));
+  await page.reload();
+  await chatItem("From before").waitFor({ timeout: 30000 });
+  assert.equal(await page.evaluate(() => localStorage.getItem("perch.conversations")), null);
+  step("moved a chat from the page's storage into the engine");
+
+  // 4i. Light and dark, following the system, on an example chat stored for the screenshots
+  // (the fixture models write random words).
+  const example = {
+    id: "example", title: "Example: reversing words",
+    settings: { model: "chat", system: "", temperature: 0.7 },
+    messages: [
+      { id: "q", parent: null, role: "user", content: "How do I reverse the words of a sentence in Rust?" },
+      { id: "a1", parent: "q", role: "assistant", content: "Split, reverse, join." },
+      { id: "a2", parent: "q", role: "assistant", reasoning: "The user wants words, not characters: split on whitespace, then reverse the iterator.",
+        content: "Split on whitespace, reverse the iterator, and join:\n\n```rust\nfn reverse_words(s: &str) -> String {\n    s.split_whitespace().rev().collect::<Vec<_>>().join(\" \")\n}\n```\n\n- `split_whitespace` skips runs of spaces\n- `rev` works because the iterator is double-ended\n\nSee [the docs](https://doc.rust-lang.org/std/primitive.str.html#method.split_whitespace).",
+        stats: { model: "chat", prompt_tokens: 31, cached_tokens: 0, completion_tokens: 87, ttft_ms: 140, tokens_per_s: 41.5, stopped: false } },
+    ],
+    current: "a2",
+  };
+  assert.equal(await page.evaluate(async (c) => (await fetch("/perch/conversations/example", { method: "PUT", headers: { "Content-Type": "application/json" }, body: JSON.stringify(c) })).status, example), 200);
+  await page.reload();
+  await chatItem("Example: reversing words").locator("button.open").click();
+  await page.locator(".msg.assistant pre code").waitFor();
+  await page.emulateMedia({ colorScheme: "light" });
+  await shot(page, "chat-light.png");
+  await page.emulateMedia({ colorScheme: "dark" });
+  const dark = await page.evaluate(() => getComputedStyle(document.body).colorScheme + " " + getComputedStyle(document.body).color);
+  await shot(page, "chat-dark.png");
+  await page.emulateMedia({ colorScheme: null });
+  step(`light and dark screenshots (dark text: ${dark})`);
 
   // 5. A setting that needs a restart: the engine restarts and comes back.
   const before = await page.evaluate(() => fetch("/perch/status").then((r) => r.json()));
@@ -229,6 +364,8 @@ try {
   await waitRunning();
   assert.equal((await health()).status, "ok");
   await shot(page, "settings-new-port.png");
+  await page.goto(`http://127.0.0.1:${free}/#chat`);
+  await page.locator("#conversations li", { hasText: "Hello there" }).waitFor({ timeout: 30000 });
   step(`moved to port ${free}; the page followed`);
 
   assert.deepEqual(errors, [], "no script errors");

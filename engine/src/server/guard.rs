@@ -120,11 +120,13 @@ pub async fn guard(State(app_host): State<Arc<AppHost>>, req: Request, next: Nex
         if req.method() == Method::OPTIONS {
             return cors(StatusCode::NO_CONTENT.into_response(), o);
         }
-        if control_write(&req) && !own_origin(o, headers) {
+        // Conversations are the user's private data: no other page reads them either.
+        let private = req.uri().path().starts_with(super::conversations::PREFIX);
+        if (control_write(&req) || private) && !own_origin(o, headers) {
             let e = ApiError::new(
                 StatusCode::FORBIDDEN,
                 "permission_error",
-                format!("Origin `{o}` may use the API but not change Perch's settings or models"),
+                format!("Origin `{o}` may use the API but not change Perch's settings or models, nor read its conversations"),
             )
             .code("origin_not_allowed");
             return cors(e.into_response_as(dialect), o);

@@ -4,6 +4,7 @@
 
 pub mod anthropic;
 pub(crate) mod body;
+mod conversations;
 pub mod error;
 mod exchange;
 #[cfg(test)]
@@ -83,6 +84,9 @@ pub struct ServeConfig {
     /// A streamed answer sends an SSE comment after this long without an event, so that
     /// clients with read timeouts wait out a long prefill.
     pub sse_keep_alive: Duration,
+    /// Where the chat window's conversations are kept (`None`: not kept; their routes
+    /// answer 404 saying so).
+    pub conversations_dir: Option<PathBuf>,
 }
 
 impl Default for ServeConfig {
@@ -101,6 +105,7 @@ impl Default for ServeConfig {
             any_host: false,
             sampling: SamplingDefaults::default(),
             sse_keep_alive: Duration::from_secs(4),
+            conversations_dir: None,
         }
     }
 }
@@ -118,6 +123,7 @@ impl ServeConfig {
             log_dir,
             log_text: settings.log_text,
             sampling: settings.sampling,
+            conversations_dir: Some(settings.conversations_dir()),
             ..ServeConfig::default()
         }
     }
@@ -234,6 +240,8 @@ pub struct AppHost {
     control: RwLock<Option<Router>>,
     /// Why there is no engine, for the 503.
     unavailable: RwLock<String>,
+    /// The chat window's conversations: kept through restarts, like the UI.
+    conversations: RwLock<Option<Arc<crate::conversations::Store>>>,
 }
 
 impl AppHost {
@@ -255,6 +263,18 @@ impl AppHost {
 
     pub fn set_unavailable(&self, why: impl Into<String>) {
         *self.unavailable.write_now() = why.into();
+    }
+
+    pub fn conversations(&self) -> Option<Arc<crate::conversations::Store>> {
+        self.conversations.read_now().clone()
+    }
+
+    /// Keep conversations in `dir` from now on (the store is replaced only when it moves).
+    fn keep_conversations_in(&self, dir: Option<&std::path::Path>) {
+        let mut store = self.conversations.write_now();
+        if store.as_ref().map(|s| s.dir()) != dir {
+            *store = dir.map(|d| Arc::new(crate::conversations::Store::new(d.to_path_buf())));
+        }
     }
 }
 
@@ -330,6 +350,7 @@ impl ExtraListener {
 
 fn app_host_router(app_host: Arc<AppHost>) -> Router {
     ui::routes()
+        .merge(conversations::routes())
         .fallback(dispatch)
         .layer(axum::middleware::from_fn_with_state(app_host.clone(), guard::guard))
         .layer(axum::middleware::map_response(no_sniffing))
@@ -383,7 +404,9 @@ impl Server {
             guard: RwLock::new(Arc::new(config)),
             control: RwLock::new(None),
             unavailable: RwLock::new("The engine is starting".into()),
+            conversations: RwLock::new(None),
         });
+        app_host.keep_conversations_in(app_host.guard_config().conversations_dir.as_deref());
         let (stop, stopped) = oneshot::channel::<()>();
         let service = app_host_router(app_host.clone());
         let task = tokio::spawn(async move {
@@ -426,6 +449,7 @@ impl Server {
             in_flight: Mutex::new(HashMap::new()),
             responses: Arc::default(),
         });
+        self.app_host.keep_conversations_in(config.conversations_dir.as_deref());
         *self.app_host.guard.write_now() = Arc::new(config);
         *self.app_host.hosted.write_now() = Some((app.clone(), router(app.clone())));
         Ok(app)

@@ -1,5 +1,5 @@
-//! The chat and settings UI (`ui/`), compiled into the binary so `perch serve` and the
-//! desktop app serve the same pages from the engine's own origin.
+//! The chat and settings UI (`ui/`, built by Vite into `ui/dist`), compiled into the binary
+//! so `perch serve` and the desktop app serve the same pages from the engine's own origin.
 
 use std::sync::Arc;
 
@@ -10,13 +10,11 @@ use axum::Router;
 
 use super::AppHost;
 
-const FILES: &[(&str, &str, &[u8])] = &[
-    ("/", "text/html; charset=utf-8", include_bytes!("../../../ui/index.html")),
-    ("/app.js", "text/javascript; charset=utf-8", include_bytes!("../../../ui/app.js")),
-    ("/markdown.js", "text/javascript; charset=utf-8", include_bytes!("../../../ui/markdown.js")),
-    ("/style.css", "text/css; charset=utf-8", include_bytes!("../../../ui/style.css")),
-    ("/icon.png", "image/png", include_bytes!("../../../ui/icon.png")),
-];
+mod built {
+    // `(route, type, bytes)` for each file of `ui/dist`, written by `engine/build.rs`.
+    include!(concat!(env!("OUT_DIR"), "/ui_files.rs"));
+}
+use built::FILES;
 
 /// The pages' Content-Security-Policy. The app's windows load the UI from the engine over
 /// HTTP, so `tauri.conf.json`'s CSP never applies to it: this header is the backstop should
