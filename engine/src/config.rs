@@ -55,6 +55,9 @@ pub struct Settings {
     pub models_dir: String,
     /// Where the chat window keeps its conversations (empty: the platform data directory).
     pub conversations_dir: String,
+    /// The MCP servers file the chat's tools come from (empty: `mcp.json` in the platform
+    /// config directory), in Claude Desktop's format.
+    pub mcp_file: String,
     /// The model loaded at start and offered first in the chat window.
     pub default_model: String,
     /// Loopback port of the API and the chat UI (0: any free port).
@@ -120,6 +123,7 @@ impl Default for Settings {
         Settings {
             models_dir: String::new(),
             conversations_dir: String::new(),
+            mcp_file: String::new(),
             default_model: crate::paths::DEFAULT_MODEL_ID.into(),
             port: crate::paths::DEFAULT_PORT,
             api_key: String::new(),
@@ -444,6 +448,14 @@ impl Settings {
             crate::paths::conversations_dir()
         } else {
             PathBuf::from(&self.conversations_dir)
+        }
+    }
+
+    pub fn mcp_file(&self) -> PathBuf {
+        if self.mcp_file.is_empty() {
+            crate::paths::mcp_file()
+        } else {
+            PathBuf::from(&self.mcp_file)
         }
     }
 

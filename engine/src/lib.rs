@@ -14,6 +14,7 @@ pub mod download;
 pub mod error;
 pub mod gguf;
 pub mod install;
+pub mod mcp;
 pub mod model;
 pub mod paths;
 pub mod platform;

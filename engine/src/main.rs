@@ -120,6 +120,10 @@ enum Command {
         /// `none`: not kept.
         #[arg(long)]
         conversations_dir: Option<String>,
+        /// The MCP servers file for the chat's tools (default: `mcp.json` in the platform
+        /// config directory); `none`: no MCP tools.
+        #[arg(long)]
+        mcp_file: Option<String>,
         /// Seconds an unused model stays loaded (0: unload after each request, -1: never).
         #[arg(long, default_value_t = defaults().keep_alive_s, allow_hyphen_values = true)]
         keep_alive: i64,
@@ -399,6 +403,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             log_dir,
             log_text,
             conversations_dir,
+            mcp_file,
             keep_alive,
             ladder,
             idle_grace,
@@ -492,6 +497,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     Some("none") => None,
                     Some(d) => Some(PathBuf::from(d)),
                     None => Some(perch_engine::paths::conversations_dir()),
+                },
+                mcp_file: match mcp_file.as_deref() {
+                    Some("none") => None,
+                    Some(f) => Some(PathBuf::from(f)),
+                    None => Some(perch_engine::paths::mcp_file()),
                 },
                 ..Default::default()
             };

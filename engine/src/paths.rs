@@ -32,6 +32,17 @@ pub fn conversations_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(".perch/conversations"))
 }
 
+/// The chat's MCP servers file: `$PERCH_CONFIG_DIR/mcp.json`, else the platform config
+/// directory's (beside `perch.toml`).
+pub fn mcp_file() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PERCH_CONFIG_DIR") {
+        return PathBuf::from(dir).join("mcp.json");
+    }
+    directories::ProjectDirs::from("dev", "Perch", "Perch")
+        .map(|d| d.config_dir().join("mcp.json"))
+        .unwrap_or_else(|| PathBuf::from(".perch/mcp.json"))
+}
+
 /// Where logs go (the request log among them): `$PERCH_LOG_DIR`, else the platform's
 /// (`~/Library/Logs/...`-style cache directory on macOS, `~/.cache/perch/logs` on Linux).
 pub fn log_dir() -> PathBuf {

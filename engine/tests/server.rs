@@ -813,3 +813,159 @@ async fn conversations_are_kept_checked_and_private() {
     assert_eq!((status, e["error"]["code"].as_str()), (404, Some("conversations_off")), "{e}");
     s.shutdown().await;
 }
+
+/// MCP tools from real servers installed from the registries (scripts/setup-ui):
+/// server-everything over stdio and over streamable HTTP, server-filesystem on a folder, and
+/// mcp-server-time from PyPI; their tools listed, called over the engine's HTTP routes, the
+/// results read back. Servers that send garbage, exit or never answer give errors naming
+/// them, bounded in time, and the others keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_tools_come_from_real_servers_and_broken_ones_fail_clearly() {
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let bin = |p: &str| root.join(p).display().to_string();
+    let tmp = tempfile::tempdir().unwrap();
+    let files = tmp.path().join("files");
+    std::fs::create_dir_all(&files).unwrap();
+    std::fs::write(files.join("note.txt"), "the heron waits").unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let http = KillOnDrop(
+        std::process::Command::new("node")
+            .arg(bin("tests/ui/node_modules/@modelcontextprotocol/server-everything/dist/index.js"))
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("node (scripts/setup-ui)"),
+    );
+    let file = tmp.path().join("mcp.json");
+    std::fs::write(
+        &file,
+        json!({"mcpServers": {
+            "everything": {"command": "node", "args": [bin("tests/ui/node_modules/@modelcontextprotocol/server-everything/dist/index.js")]},
+            "fs": {"command": bin("tests/ui/node_modules/.bin/mcp-server-filesystem"), "args": [files.display().to_string()]},
+            "time": {"command": bin(".deps/mcp-venv/bin/mcp-server-time")},
+            "web": {"url": format!("http://127.0.0.1:{port}/mcp")},
+        }})
+        .to_string(),
+    )
+    .unwrap();
+    let s =
+        Server::bind(ServeConfig { port: 0, mcp_file: Some(file.clone()), ..Default::default() })
+            .await
+            .unwrap();
+    // The HTTP server needs a moment to listen.
+    let mut tools = Value::Null;
+    for _ in 0..100 {
+        let (status, t) = get(&s, "/perch/mcp/tools").await;
+        assert_eq!(status, 200, "{t}");
+        if t["errors"].as_array().unwrap().is_empty() {
+            tools = t;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let names: Vec<String> = tools["tools"]
+        .as_array()
+        .unwrap_or(&vec![])
+        .iter()
+        .map(|t| format!("{}/{}", t["server"].as_str().unwrap(), t["name"].as_str().unwrap()))
+        .collect();
+    for want in ["everything/echo", "web/echo", "fs/read_text_file", "time/get_current_time"] {
+        assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
+    }
+    let call = |server: &str, tool: &str, arguments: Value| {
+        let body = json!({"server": server, "tool": tool, "arguments": arguments});
+        let url = s.url();
+        async move { post(&url, "/perch/mcp/call", body).await }
+    };
+    let (status, r) = call("everything", "echo", json!({"message": "hello heron"})).await;
+    assert_eq!(status, 200, "{r}");
+    assert!(r["text"].as_str().unwrap().contains("hello heron"), "{r}");
+    let (_, r) = call("web", "echo", json!({"message": "over http"})).await;
+    assert!(r["text"].as_str().unwrap().contains("over http"), "{r}");
+    let path = files.join("note.txt").display().to_string();
+    let (_, r) = call("fs", "read_text_file", json!({"path": path})).await;
+    assert!(r["text"].as_str().unwrap().contains("the heron waits"), "{r}");
+    let (_, r) = call("time", "get_current_time", json!({"timezone": "Europe/Paris"})).await;
+    assert!(r["text"].as_str().unwrap().contains("Europe/Paris"), "{r}");
+    // A tool's own failure comes back as its text, marked, for the model to read.
+    let (status, r) = call("time", "get_current_time", json!({"timezone": "Not/AZone"})).await;
+    assert_eq!((status, r["is_error"].as_bool()), (200, Some(true)), "{r}");
+    let (status, e) = call("nope", "echo", json!({})).await;
+    assert_eq!((status, e["error"]["code"].as_str()), (404, Some("mcp_not_found")), "{e}");
+    // A bad file is refused by field and not written.
+    let (status, e) = call_put(
+        &s,
+        "/perch/mcp",
+        json!({"text": "{\"mcpServers\": {\"x\": {\"command\": \"a\", \"colour\": 1}}}"}),
+    )
+    .await;
+    assert_eq!(status, 400, "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("colour"), "{e}");
+    assert!(std::fs::read_to_string(&file).unwrap().contains("everything"));
+    // "Always allow" is written into the file.
+    let (status, _) =
+        post(&s, "/perch/mcp/allow", json!({"server": "time", "tool": "get_current_time"})).await;
+    assert_eq!(status, 200);
+    let (_, t) = get(&s, "/perch/mcp/tools").await;
+    let allowed: Vec<_> = t["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["always_allowed"] == true)
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(allowed, ["get_current_time"]);
+    s.shutdown().await;
+    drop(http);
+
+    // Broken servers, through the manager with short bounds: each error names its server.
+    let broken = tmp.path().join("broken.json");
+    std::fs::write(
+        &broken,
+        json!({"mcpServers": {
+            "garbage": {"command": "sh", "args": ["-c", "echo 'not json at all'; echo '{\"jsonrpc\": 7}'; sleep 30"]},
+            "exits": {"command": "sh", "args": ["-c", "exit 3"]},
+            "silent": {"command": "sleep", "args": ["30"]},
+            "missing": {"command": "/nonexistent/mcp-server"},
+            "time": {"command": bin(".deps/mcp-venv/bin/mcp-server-time")},
+        }})
+        .to_string(),
+    )
+    .unwrap();
+    let m = perch_engine::mcp::Manager::with_timeouts(
+        broken,
+        Duration::from_secs(3),
+        Duration::from_secs(3),
+    );
+    let t0 = Instant::now();
+    let (tools, errors) = m.tools().await.unwrap();
+    let errors: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+    assert!(tools.iter().all(|t| t.server == "time") && !tools.is_empty(), "{tools:?}");
+    for name in ["garbage", "exits", "silent", "missing"] {
+        assert!(
+            errors.iter().any(|e| e.starts_with(&format!("MCP server `{name}` did not start"))),
+            "{name}: {errors:?}"
+        );
+    }
+    assert!(t0.elapsed() < Duration::from_secs(20), "bounded: {:?}", t0.elapsed());
+    let r = m.call("time", "get_current_time", serde_json::Map::new()).await;
+    assert!(r.is_ok() || matches!(r, Err(perch_engine::mcp::McpError::Call { .. })), "{r:?}");
+    m.stop_all().await;
+    assert!(m.running().await.is_empty());
+}
+
+/// A child process stopped however the test ends (a failed assertion included).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn call_put(s: &Server, path: &str, body: Value) -> (u16, Value) {
+    call(s, reqwest::Method::PUT, path, Some(body)).await
+}

@@ -32,6 +32,17 @@ async fn the_ui_chats_stops_remembers_and_restarts_the_engine_in_chromium() {
         serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
     v["chat_template"] = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}<|im_start|>assistant\n<think>\n".into();
     std::fs::write(&cfg, v.to_string()).unwrap();
+    // A model with a real template that writes tool calls (Qwen 2.5's), for MCP tools: its
+    // weights are random, so the calls the tests see are forced by `tool_choice`.
+    install_fixture("qwen3", &models.join("tooler"));
+    let cfg = models.join("tooler/tokenizer_config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    let template = root().join(".deps/chat-templates/Qwen-Qwen2.5-7B-Instruct.jinja");
+    v["chat_template"] = std::fs::read_to_string(&template)
+        .expect("scripts/setup-peers fetches the chat templates")
+        .into();
+    std::fs::write(&cfg, v.to_string()).unwrap();
     // A Hugging Face cache holding one MLX model, offered in place.
     let cache = tmp.path().join("hf-hub");
     let repo = cache.join("models--perch-test--cached-qwen3");
@@ -49,13 +60,31 @@ async fn the_ui_chats_stops_remembers_and_restarts_the_engine_in_chromium() {
     // The hub, on loopback and slowed down so a download can be cancelled from the page.
     let (hub, hub_url) = hub::hub().await;
     hub.slow_ms.store(25, std::sync::atomic::Ordering::Relaxed);
+    // The chat's MCP tools: server-filesystem from npm (scripts/setup-ui installs it) on a
+    // folder of its own, offering the one tool without arguments: the fixture's random
+    // weights fill a string argument with one letter forever, so a forced call completes
+    // only where there is none to fill.
+    let mcp = tmp.path().join("mcp.json");
+    let shared = tmp.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    let fs_server = root().join("tests/ui/node_modules/.bin/mcp-server-filesystem");
+    std::fs::write(
+        &mcp,
+        serde_json::json!({"mcpServers": {"files": {
+            "command": fs_server.display().to_string(),
+            "args": [shared.display().to_string()],
+            "tools": ["list_allowed_directories"]}}})
+        .to_string(),
+    )
+    .unwrap();
     let config = tmp.path().join("perch.toml");
     std::fs::write(
         &config,
         format!(
-            "models_dir = \"{}\"\nconversations_dir = \"{}\"\ndefault_model = \"chat\"\nport = 0\nwarmup_profile = \"off\"\nload_warmup = false\nscan_hf_cache = true\ndraft = \"none\"\nhub_endpoint = \"{hub_url}\"\n",
+            "models_dir = \"{}\"\nconversations_dir = \"{}\"\nmcp_file = \"{}\"\ndefault_model = \"chat\"\nport = 0\nwarmup_profile = \"off\"\nload_warmup = false\nscan_hf_cache = true\ndraft = \"none\"\nhub_endpoint = \"{hub_url}\"\n",
             models.display(),
-            tmp.path().join("conversations").display()
+            tmp.path().join("conversations").display(),
+            mcp.display()
         ),
     )
     .unwrap();

@@ -119,7 +119,7 @@ try {
   const item = page.locator("#conversations li", { hasText: "Hello there" });
   await item.waitFor();
   await item.locator("button.open").click();
-  assert.equal(await page.locator(".msg.user .body").first().textContent(), "Hello there");
+  await page.waitForFunction(() => document.querySelector(".msg.user .body")?.textContent === "Hello there");
   assert.equal(await page.locator(".msg.assistant").count(), 2);
   step("the conversation survived a reload");
 
@@ -215,6 +215,58 @@ try {
   await chatItem("From before").waitFor({ timeout: 30000 });
   assert.equal(await page.evaluate(() => localStorage.getItem("perch.conversations")), null);
   step("moved a chat from the page's storage into the engine");
+
+  // 4h2. MCP tools (server-filesystem): the model is made to call one (the fixture writes
+  // random words, so "must call one" forces the call); the user is asked first; allowed, the
+  // result goes back to the model, which answers. "Always allow" is written to the file.
+  await page.click("#new-chat");
+  await page.selectOption("#model", "tooler");
+  await page.selectOption("#tools", "required");
+  // Greedy, so the forced call's random arguments are the same on every run.
+  await page.fill("#temperature", "0");
+  await page.fill("#max-tokens", "300");
+  await page.fill("#prompt", "Which folders may you read?");
+  await page.press("#prompt", "Enter");
+  const permission = page.locator(".permission");
+  await permission.waitFor({ timeout: 60000 });
+  assert.equal(await permission.locator(".tool-name").textContent(), "Allow files → list_allowed_directories?");
+  await shot(page, "chat-tool-permission.png");
+  await permission.locator(".allow-once").click();
+  await page.locator(".msg.tool").first().waitFor({ timeout: 30000 });
+  // The model answers the result; should it call again, the user denies.
+  for (let i = 0; ; i++) {
+    assert.ok(i < 20, "the model never answered after the tool");
+    const state = await page.evaluate(() => ({
+      asking: !!document.querySelector(".permission"),
+      done: !!document.querySelector(".msg.tool ~ .msg.assistant .stats") && document.querySelector("#stop").hidden,
+    }));
+    if (state.done) break;
+    if (state.asking) await page.locator(".permission .deny").click();
+    await page.waitForTimeout(500);
+  }
+  const toolResult = await page.locator(".msg.tool pre").first().textContent();
+  assert.match(toolResult, /Allowed directories:\s*\S*shared/, toolResult);
+  const withTool = await page.evaluate(async () => {
+    const list = await (await fetch("/perch/conversations?q=folders")).json();
+    return (await fetch(`/perch/conversations/${list.data[0].id}`)).json();
+  });
+  const roles = withTool.messages.map((m) => m.role);
+  assert.deepEqual(roles.slice(0, 3), ["user", "assistant", "tool"], roles.join(","));
+  assert.equal(withTool.messages[2].tool_call_id, withTool.messages[1].tool_calls[0].id);
+  await shot(page, "chat-tool-result.png");
+  step(`a forced MCP call was asked for, allowed, run; its result reached the model: ${toolResult.slice(0, 60)}`);
+  await page.fill("#prompt", "Look again.");
+  await page.press("#prompt", "Enter");
+  await permission.waitFor({ timeout: 60000 });
+  await permission.locator(".allow-always").click();
+  await page.waitForFunction(() => document.querySelector("#stop").hidden && !document.querySelector(".permission"), null, { timeout: 60000 }).catch(() => {});
+  const mcpState = await page.evaluate(() => fetch("/perch/mcp").then((r) => r.json()));
+  assert.deepEqual(mcpState.servers[0].always_allow, ["list_allowed_directories"], JSON.stringify(mcpState.servers));
+  step(`"always allow" was written to the MCP servers file: ${mcpState.servers[0].always_allow}`);
+  await page.selectOption("#tools", "");
+  await page.fill("#max-tokens", "");
+  await page.fill("#temperature", "0.7");
+  await page.selectOption("#model", "chat");
 
   // 4i. Light and dark, following the system, on an example chat stored for the screenshots
   // (the fixture models write random words).

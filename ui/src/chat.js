@@ -5,7 +5,7 @@ import { $, el, explain, api, ApiError, prefs } from "./api.js";
 import { renderInto, copyText } from "./markdown.js";
 import { streamChat } from "./stream.js";
 import * as store from "./store.js";
-import { add, branch, deepest, history, siblings } from "./tree.js";
+import { add, branch, deepest, history, parsesAsObject, siblings } from "./tree.js";
 
 let conv = null;
 let inFlight = null; // AbortController of the streaming answer
@@ -15,6 +15,7 @@ let onChange = () => {}; // the sidebar's refresh
 let shown = 0; // bumped whenever the user picks a chat: a slower load never replaces it
 
 export const busy = () => inFlight !== null;
+const byId = (id) => conv.messages.find((m) => m.id === id);
 export const currentId = () => conv && conv.id;
 export function onListChange(f) {
   onChange = f;
@@ -111,6 +112,12 @@ function fillAnswer(div, m) {
   renderInto(div.querySelector(".body"), m.content);
 }
 
+// The call a tool message answers (on its parent, the assistant message that made it).
+function toolCallOf(m) {
+  const parent = conv.messages.find((x) => x.id === m.parent);
+  return parent && (parent.tool_calls || []).find((c) => c.id === m.tool_call_id);
+}
+
 function statsText(s) {
   if (s.stopped) return "stopped";
   const parts = [`${s.completion_tokens ?? "?"} tokens`];
@@ -143,7 +150,11 @@ function messageEl(m) {
   const div = el("div", { class: `msg ${m.role}${m.error ? " error" : ""}`, "data-id": m.id });
   div.append(el("div", { class: "body" }));
   if (m.role === "assistant" && !m.error) fillAnswer(div, m);
-  else div.querySelector(".body").textContent = m.error || m.content;
+  else if (m.role === "tool") {
+    const call = toolCallOf(m);
+    div.prepend(el("div", { class: "tool-name", text: `Result of ${call ? call.name : "a tool"}` }));
+    div.querySelector(".body").append(el("pre", { text: m.error || m.content }));
+  } else div.querySelector(".body").textContent = m.error || m.content;
   if (m.attachments && m.attachments.length) {
     div.append(el("div", { class: "attached" }, ...m.attachments.map((a) => el("span", { class: "chip", text: a.name, title: "Attached file" }))));
   }
@@ -151,7 +162,7 @@ function messageEl(m) {
   const actions = el("div", { class: "actions" }, branchSwitch(m));
   actions.append(el("button", { type: "button", class: "copy", text: "Copy", "aria-label": "Copy this message", onclick: (ev) => copyText(m.content, ev.target) }));
   if (m.role === "user") actions.append(el("button", { type: "button", class: "edit", text: "Edit", onclick: () => startEdit(div, m) }));
-  if (m.role === "assistant") actions.append(el("button", { type: "button", class: "regenerate", text: "Regenerate", onclick: () => regenerate(m) }));
+  if (m.role === "assistant" && byId(m.parent)?.role === "user") actions.append(el("button", { type: "button", class: "regenerate", text: "Regenerate", onclick: () => regenerate(m) }));
   div.append(actions);
   return div;
 }
@@ -165,6 +176,7 @@ export function render() {
   $("#temperature").value = conv.settings.temperature ?? 0.7;
   $("#top-p").value = conv.settings.top_p ?? "";
   $("#max-tokens").value = conv.settings.max_tokens ?? "";
+  $("#tools").value = conv.settings.tools || "";
   if (conv.settings.model && [...$("#model").options].some((o) => o.value === conv.settings.model)) $("#model").value = conv.settings.model;
   meter();
 }
@@ -250,6 +262,7 @@ function readOptions() {
   conv.settings.temperature = num($("#temperature").value);
   conv.settings.top_p = num($("#top-p").value);
   conv.settings.max_tokens = num($("#max-tokens").value);
+  conv.settings.tools = $("#tools").value;
 }
 
 function setBusy(b) {
@@ -257,11 +270,25 @@ function setBusy(b) {
   $("#stop").hidden = !b;
 }
 
-// Answer the user message `parentId`: a new assistant message under it, streamed in.
-async function generate(parentId) {
+// Answer the message `parentId` (a question, or a tool's result): a new assistant message
+// under it, streamed in; when it calls MCP tools, each call is asked for, run, and answered
+// again, up to MAX_TOOL_ROUNDS times.
+const MAX_TOOL_ROUNDS = 8;
+
+async function generate(parentId, round = 0) {
   readOptions();
   const s = conv.settings;
   const messages = history(conv, parentId);
+  let tools = null;
+  if (s.tools) {
+    try {
+      const r = await api("/perch/mcp/tools");
+      tools = r.tools;
+      if (r.errors.length) status(r.errors.map((e) => e.message).join(" · "));
+    } catch (e) {
+      status(`MCP tools are unavailable: ${explain(e)}`);
+    }
+  }
   conv.current = parentId;
   const answer = add(conv, { parent: parentId, role: "assistant", content: "" });
   await persist();
@@ -284,6 +311,11 @@ async function generate(parentId) {
   if (s.temperature != null) request.temperature = s.temperature;
   if (s.top_p != null) request.top_p = s.top_p;
   if (s.max_tokens != null) request.max_tokens = s.max_tokens;
+  if (tools && tools.length) {
+    request.tools = tools.map((t) => ({ type: "function", function: { name: toolName(t), description: t.description, parameters: closed(t.input_schema) } }));
+    // `required` forces the first answer after a question only; after a result, the model decides.
+    request.tool_choice = s.tools === "required" && round === 0 ? "required" : "auto";
+  }
   try {
     usage = await streamChat(request, {
       signal: inFlight.signal,
@@ -344,6 +376,99 @@ async function generate(parentId) {
   }
   await persist();
   render();
+  if (tools && !stopped && !answer.error && answer.tool_calls && answer.tool_calls.length) {
+    if (round + 1 >= MAX_TOOL_ROUNDS) status(`Stopped after ${MAX_TOOL_ROUNDS} rounds of tool calls in a row.`);
+    else await runTools(answer, tools, round);
+  }
+}
+
+// A tool's parameters as offered: arguments the tool does not name are never useful, so an
+// object schema that leaves `additionalProperties` open is closed (as OpenAI's strict mode
+// does); constrained decoding then cannot invent keys.
+function closed(schema) {
+  const s = schema && typeof schema === "object" ? { ...schema } : { type: "object", properties: {} };
+  if (s.type === "object" && s.additionalProperties === undefined) s.additionalProperties = false;
+  return s;
+}
+
+// A tool's name as the model sees it: its server's name before it, so two servers' tools
+// never clash.
+const toolName = (t) => `${t.server}__${t.name}`.slice(0, 64);
+
+async function runTools(answer, tools, round) {
+  let last = answer.id;
+  if (!answer.tool_calls.every((c) => parsesAsObject(c.arguments))) {
+    // Nothing runs on arguments that were cut off; the user can raise the limit and retry.
+    status("The answer was cut off inside a tool call (raise Max tokens and regenerate); the call was not run.");
+    return;
+  }
+  for (const call of answer.tool_calls) {
+    const tool = tools.find((t) => toolName(t) === call.name);
+    const args = JSON.parse(call.arguments || "{}");
+    let content;
+    let error = null;
+    if (!tool) error = `There is no tool ${call.name}.`;
+    else {
+      const choice = tool.always_allowed ? "once" : await ask(tool, args);
+      if (choice === "deny") error = "The user denied this call.";
+      else {
+        if (choice === "always") {
+          try {
+            await api("/perch/mcp/allow", { method: "POST", body: { server: tool.server, tool: tool.name } });
+            tool.always_allowed = true;
+          } catch (e) {
+            status(explain(e));
+          }
+        }
+        try {
+          const r = await api("/perch/mcp/call", { method: "POST", body: { server: tool.server, tool: tool.name, arguments: args } });
+          content = r.text;
+          if (r.is_error) error = r.text || "The tool failed.";
+        } catch (e) {
+          error = explain(e);
+        }
+      }
+    }
+    conv.current = last;
+    // The model reads the error as the result, so it can say what went wrong.
+    const m = add(conv, { parent: last, role: "tool", tool_call_id: call.id, content: error ?? content ?? "" });
+    last = m.id;
+  }
+  await persist();
+  render();
+  return generate(last, round + 1);
+}
+
+// Ask the user before a tool runs: allow once, always allow this tool, or deny.
+function ask(tool, args) {
+  return new Promise((resolve) => {
+    const done = (choice) => () => {
+      box.remove();
+      $("#stop").removeEventListener("click", deny);
+      setBusy(false);
+      resolve(choice);
+    };
+    const deny = done("deny");
+    const box = el(
+      "div",
+      { class: "permission", role: "alertdialog", "aria-label": `Allow ${tool.name}?` },
+      el("div", { class: "tool-name", text: `Allow ${tool.server} → ${tool.name}?` }),
+      el("div", { class: "hint", text: tool.description || "" }),
+      el("pre", { text: JSON.stringify(args, null, 2) }),
+      el(
+        "div",
+        { class: "actions" },
+        el("button", { type: "button", class: "allow-once", text: "Allow once", onclick: done("once") }),
+        el("button", { type: "button", class: "allow-always", text: "Always allow this tool", onclick: done("always") }),
+        el("button", { type: "button", class: "deny", text: "Deny", onclick: deny }),
+      ),
+    );
+    $("#messages").append(box);
+    box.querySelector(".allow-once").focus();
+    $("#messages").scrollTop = $("#messages").scrollHeight;
+    setBusy(true);
+    $("#stop").addEventListener("click", deny);
+  });
 }
 
 export function stop() {

@@ -47,7 +47,7 @@ $("#attach-file").addEventListener("change", (ev) => {
   chat.attach([...ev.target.files]);
   ev.target.value = "";
 });
-for (const id of ["#system", "#temperature", "#top-p", "#max-tokens", "#model"]) $(id).addEventListener("change", chat.optionChanged);
+for (const id of ["#system", "#temperature", "#top-p", "#max-tokens", "#model", "#tools"]) $(id).addEventListener("change", chat.optionChanged);
 
 // Keyboard: Escape stops an answer, Alt+N starts a chat, Ctrl/Cmd+K searches the chats.
 document.addEventListener("keydown", (ev) => {

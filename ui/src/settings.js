@@ -33,7 +33,43 @@ function read() {
   return out;
 }
 
+// The MCP servers file, edited as text and checked by the engine before it is written.
+function showMcp(m) {
+  $("#mcp-path").textContent = m.path;
+  $("#mcp-text").value = m.text;
+  $("#mcp-error").textContent = m.error ? m.error.message : "";
+  $("#mcp-servers").replaceChildren(
+    ...m.servers.map((s) => {
+      const li = document.createElement("li");
+      li.textContent = `${s.name} (${s.transport})${s.disabled ? " — disabled" : s.running ? " — running" : ""}${s.always_allow.length ? ` · always allowed: ${s.always_allow.join(", ")}` : ""}`;
+      return li;
+    }),
+  );
+}
+
+async function loadMcp() {
+  try {
+    showMcp(await api("/perch/mcp"));
+    $("#mcp-form").hidden = false;
+  } catch (e) {
+    $("#mcp-form").hidden = e.status === 404;
+    $("#mcp-error").textContent = explain(e);
+  }
+}
+
+$("#mcp-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  $("#mcp-error").textContent = "";
+  try {
+    showMcp(await api("/perch/mcp", { method: "PUT", body: { text: $("#mcp-text").value } }));
+    $("#mcp-error").textContent = "";
+  } catch (e) {
+    $("#mcp-error").textContent = explain(e);
+  }
+});
+
 export async function loadSettings() {
+  loadMcp();
   try {
     const c = await api("/perch/config");
     defaults = c.settings;

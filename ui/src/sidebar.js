@@ -6,6 +6,7 @@ import * as store from "./store.js";
 
 let query = "";
 let timer = 0;
+let shownSignature = "";
 
 export async function refresh() {
   let r;
@@ -16,6 +17,10 @@ export async function refresh() {
     return;
   }
   const current = chat.currentId();
+  // Unchanged: leave the list as it is (no flicker, and a click on it lands where aimed).
+  const signature = JSON.stringify([current, r.data, r.damaged]);
+  if (signature === shownSignature) return;
+  shownSignature = signature;
   const items = r.data.map((c) => {
     const li = el("li", { "data-id": c.id, class: c.id === current ? "current" : "" });
     const open = el("button", { type: "button", class: "open", title: c.title, onclick: () => chat.open(c.id) }, el("span", { class: "title", text: c.title }));

@@ -57,16 +57,31 @@ export function history(c, lastId) {
   path.reverse();
   const out = [];
   if ((c.settings.system || "").trim()) out.push({ role: "system", content: c.settings.system });
+  // A call whose arguments were cut off (the answer hit its token limit) is left out with
+  // its result: the engine would refuse the conversation for it on every later turn.
+  const broken = new Set();
+  for (const m of path) for (const t of m.tool_calls || []) if (!parsesAsObject(t.arguments)) broken.add(t.id);
   for (const m of path) {
     if (m.error) continue;
+    if (m.role === "tool" && broken.has(m.tool_call_id)) continue;
     let content = m.content;
     for (const a of m.attachments || []) content += `\n\n<file name="${a.name.replace(/"/g, "'")}">\n${a.text}\n</file>`;
     const msg = { role: m.role, content };
-    if (m.tool_calls && m.tool_calls.length) {
-      msg.tool_calls = m.tool_calls.map((t, i) => ({ id: t.id || `call_${i}`, type: "function", function: { name: t.name, arguments: t.arguments } }));
+    const calls = (m.tool_calls || []).filter((t) => !broken.has(t.id));
+    if (calls.length) {
+      msg.tool_calls = calls.map((t, i) => ({ id: t.id || `call_${i}`, type: "function", function: { name: t.name, arguments: t.arguments } }));
     }
     if (m.tool_call_id) msg.tool_call_id = m.tool_call_id;
     out.push(msg);
   }
   return out;
+}
+
+export function parsesAsObject(text) {
+  try {
+    const v = JSON.parse(text || "{}");
+    return v !== null && typeof v === "object" && !Array.isArray(v);
+  } catch {
+    return false;
+  }
 }

@@ -109,6 +109,9 @@ pub struct ChatSettings {
     pub max_tokens: Option<u32>,
     /// The preset these settings came from, if any (a name the UI keeps).
     pub preset: String,
+    /// MCP tools offered to the model: `""` (none), `auto`, or `required` (the first
+    /// answer after each question must call one).
+    pub tools: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

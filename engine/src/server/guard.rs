@@ -121,12 +121,14 @@ pub async fn guard(State(app_host): State<Arc<AppHost>>, req: Request, next: Nex
             return cors(StatusCode::NO_CONTENT.into_response(), o);
         }
         // Conversations are the user's private data: no other page reads them either.
-        let private = req.uri().path().starts_with(super::conversations::PREFIX);
+        let path = req.uri().path();
+        let private =
+            path.starts_with(super::conversations::PREFIX) || path.starts_with(super::mcp::PREFIX);
         if (control_write(&req) || private) && !own_origin(o, headers) {
             let e = ApiError::new(
                 StatusCode::FORBIDDEN,
                 "permission_error",
-                format!("Origin `{o}` may use the API but not change Perch's settings or models, nor read its conversations"),
+                format!("Origin `{o}` may use the API but not change Perch's settings or models, nor read its conversations or tools"),
             )
             .code("origin_not_allowed");
             return cors(e.into_response_as(dialect), o);

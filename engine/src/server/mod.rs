@@ -11,6 +11,7 @@ mod exchange;
 mod fuzz_tests;
 pub mod guard;
 mod ids;
+mod mcp;
 pub mod metrics;
 pub mod ollama;
 pub mod openai;
@@ -87,6 +88,8 @@ pub struct ServeConfig {
     /// Where the chat window's conversations are kept (`None`: not kept; their routes
     /// answer 404 saying so).
     pub conversations_dir: Option<PathBuf>,
+    /// The MCP servers file the chat's tools come from (`None`: no MCP tools).
+    pub mcp_file: Option<PathBuf>,
 }
 
 impl Default for ServeConfig {
@@ -106,6 +109,7 @@ impl Default for ServeConfig {
             sampling: SamplingDefaults::default(),
             sse_keep_alive: Duration::from_secs(4),
             conversations_dir: None,
+            mcp_file: None,
         }
     }
 }
@@ -124,6 +128,7 @@ impl ServeConfig {
             log_text: settings.log_text,
             sampling: settings.sampling,
             conversations_dir: Some(settings.conversations_dir()),
+            mcp_file: Some(settings.mcp_file()),
             ..ServeConfig::default()
         }
     }
@@ -242,6 +247,8 @@ pub struct AppHost {
     unavailable: RwLock<String>,
     /// The chat window's conversations: kept through restarts, like the UI.
     conversations: RwLock<Option<Arc<crate::conversations::Store>>>,
+    /// The chat's MCP servers: started when first needed, stopped at shutdown.
+    mcp: RwLock<Option<Arc<crate::mcp::Manager>>>,
 }
 
 impl AppHost {
@@ -267,6 +274,21 @@ impl AppHost {
 
     pub fn conversations(&self) -> Option<Arc<crate::conversations::Store>> {
         self.conversations.read_now().clone()
+    }
+
+    pub fn mcp(&self) -> Option<Arc<crate::mcp::Manager>> {
+        self.mcp.read_now().clone()
+    }
+
+    /// Take MCP servers from `file` from now on (the old servers stop when it moves).
+    fn mcp_from(&self, file: Option<&std::path::Path>) {
+        let mut mcp = self.mcp.write_now();
+        if mcp.as_ref().map(|m| m.path()) != file {
+            if let Some(old) = mcp.take() {
+                tokio::spawn(async move { old.stop_all().await });
+            }
+            *mcp = file.map(|f| Arc::new(crate::mcp::Manager::new(f.to_path_buf())));
+        }
     }
 
     /// Keep conversations in `dir` from now on (the store is replaced only when it moves).
@@ -351,6 +373,7 @@ impl ExtraListener {
 fn app_host_router(app_host: Arc<AppHost>) -> Router {
     ui::routes()
         .merge(conversations::routes())
+        .merge(mcp::routes())
         .fallback(dispatch)
         .layer(axum::middleware::from_fn_with_state(app_host.clone(), guard::guard))
         .layer(axum::middleware::map_response(no_sniffing))
@@ -405,8 +428,11 @@ impl Server {
             control: RwLock::new(None),
             unavailable: RwLock::new("The engine is starting".into()),
             conversations: RwLock::new(None),
+            mcp: RwLock::new(None),
         });
-        app_host.keep_conversations_in(app_host.guard_config().conversations_dir.as_deref());
+        let guard = app_host.guard_config();
+        app_host.keep_conversations_in(guard.conversations_dir.as_deref());
+        app_host.mcp_from(guard.mcp_file.as_deref());
         let (stop, stopped) = oneshot::channel::<()>();
         let service = app_host_router(app_host.clone());
         let task = tokio::spawn(async move {
@@ -450,6 +476,7 @@ impl Server {
             responses: Arc::default(),
         });
         self.app_host.keep_conversations_in(config.conversations_dir.as_deref());
+        self.app_host.mcp_from(config.mcp_file.as_deref());
         *self.app_host.guard.write_now() = Arc::new(config);
         *self.app_host.hosted.write_now() = Some((app.clone(), router(app.clone())));
         Ok(app)
@@ -479,6 +506,9 @@ impl Server {
             let _ = stop.send(());
         }
         let grace = self.app_host.guard_config().shutdown_grace;
+        if let Some(m) = self.app_host.mcp() {
+            m.stop_all().await;
+        }
         let mut task = self.task;
         let app = self.app_host.app();
         // Background work stops at its next chunk; its leases drain with the requests'.
