@@ -38,14 +38,19 @@ const context = await browser.newContext({ viewport: { width: 1100, height: 760 
 const page = await context.newPage();
 
 // First paint and interactive with 200 conversations (+1) stored.
+// A fresh page each round: a second goto to the same URL would only change the hash.
 for (let round = 0; round < 3; round++) {
+  const p = await context.newPage();
   const t0 = Date.now();
-  await page.goto(`${url}/#chat`);
-  await page.waitForFunction(() => document.querySelectorAll("#conversations li").length >= 201, null, { timeout: 60000 });
+  await p.goto(`${url}/#chat`);
+  await p.waitForFunction(() => document.querySelectorAll("#conversations li").length >= 201, null, { timeout: 60000 });
   const listed = Date.now() - t0;
-  const fcp = await page.evaluate(() => performance.getEntriesByName("first-contentful-paint")[0]?.startTime ?? null);
+  const fcp = await p.evaluate(() => performance.getEntriesByName("first-contentful-paint")[0]?.startTime ?? null);
   out({ figure: "load_200_conversations", round, first_contentful_paint_ms: fcp && Math.round(fcp), list_shown_ms: listed });
+  await p.close();
 }
+await page.goto(`${url}/#chat`);
+await page.waitForFunction(() => document.querySelectorAll("#conversations li").length >= 201, null, { timeout: 60000 });
 
 // Memory with 50 long answers shown.
 const cdp = await context.newCDPSession(page);
@@ -65,7 +70,7 @@ out({ figure: "fifty_long_answers", open_ms: openMs, js_heap_mb: +(after.JSHeapU
 // engine's answer is replaced in the page by a timed stream of the same SSE shape.
 await page.click("#new-chat");
 const result = await page.evaluate(async () => {
-  const text = Array.from({ length: 40 }, (_, i) => `Paragraph ${i} with **bold** and \`code\`.\n\n\`\`\`python\ndef f${i}(x):\n    return x * ${i}\n\`\`\`\n\n- a\n- b\n\n`).join("");
+  const text = Array.from({ length: 100 }, (_, i) => `Paragraph ${i} with **bold** and \`code\`.\n\n\`\`\`python\ndef f${i}(x):\n    return x * ${i}\n\`\`\`\n\n- a\n- b\n\n`).join("");
   const tokens = text.match(/.{1,4}/gs).slice(0, 2000);
   const real = window.fetch;
   window.fetch = (input, init) => {

@@ -2,7 +2,7 @@
 // resending (the earlier answer kept as a branch to flip back to), copying, attachments,
 // the context meter and each answer's figures.
 import { $, el, explain, api, ApiError, prefs } from "./api.js";
-import { renderInto, copyText } from "./markdown.js";
+import { renderInto, renderStreaming, copyText } from "./markdown.js";
 import { streamChat } from "./stream.js";
 import * as store from "./store.js";
 import { add, branch, deepest, history, parsesAsObject, siblings } from "./tree.js";
@@ -83,7 +83,7 @@ export function newChat() {
 
 // ---- Rendering --------------------------------------------------------------------------
 
-function fillAnswer(div, m) {
+function fillAnswer(div, m, streaming = false) {
   let details = div.querySelector("details.reasoning");
   if (m.reasoning && !details) {
     details = el("details", { class: "reasoning" }, el("summary"), el("div", { class: "reasoning-text" }));
@@ -109,7 +109,7 @@ function fillAnswer(div, m) {
       }),
     );
   }
-  renderInto(div.querySelector(".body"), m.content);
+  (streaming ? renderStreaming : renderInto)(div.querySelector(".body"), m.content);
 }
 
 // The call a tool message answers (on its parent, the assistant message that made it).
@@ -346,7 +346,7 @@ async function generate(parentId, round = 0) {
         if (!frame) {
           frame = requestAnimationFrame(() => {
             frame = 0;
-            fillAnswer(div, answer);
+            fillAnswer(div, answer, true);
             const box = $("#messages");
             box.scrollTop = box.scrollHeight;
           });

@@ -89,6 +89,49 @@ export function renderInto(node, text) {
   }
 }
 
+// While an answer streams: the text up to its last blank line outside a code fence is
+// rendered once, block by block, as it completes; only the unfinished tail is rendered
+// again each frame. A frame's cost stays that of one paragraph however long the answer
+// grows. The answer is rendered whole (renderInto) once it ends, so a list or a reference
+// that spans blank lines comes out exactly.
+export function renderStreaming(node, text) {
+  if (text.length > PLAIN_ABOVE) return renderInto(node, text);
+  let tail = node.querySelector(":scope > .md-tail");
+  const done = Number(node.dataset.rendered || 0);
+  if (!tail || !text.startsWith(node.dataset.prefix || "") || done > text.length) {
+    node.replaceChildren();
+    node.dataset.rendered = "0";
+    node.dataset.prefix = "";
+    tail = document.createElement("div");
+    tail.className = "md-tail";
+    node.append(tail);
+  }
+  const cut = stableCut(text, Number(node.dataset.rendered));
+  if (cut > Number(node.dataset.rendered)) {
+    const block = document.createElement("div");
+    block.className = "md-block";
+    renderInto(block, text.slice(Number(node.dataset.rendered), cut));
+    tail.before(block);
+    node.dataset.rendered = String(cut);
+    node.dataset.prefix = text.slice(0, Math.min(cut, 64));
+  }
+  renderInto(tail, text.slice(cut));
+}
+
+// The end of the last blank line at or after `from` that is outside a code fence.
+function stableCut(text, from) {
+  let fence = false;
+  let cut = from;
+  let pos = 0;
+  for (const line of text.split("\n")) {
+    const end = pos + line.length + 1;
+    if (/^\s*(```|~~~)/.test(line)) fence = !fence;
+    else if (!fence && line.trim() === "" && end <= text.length && pos >= from) cut = end;
+    pos = end;
+  }
+  return cut;
+}
+
 export async function copyText(text, button) {
   try {
     await navigator.clipboard.writeText(text);
