@@ -110,6 +110,10 @@ function fillAnswer(div, m, streaming = false) {
     );
   }
   (streaming ? renderStreaming : renderInto)(div.querySelector(".body"), m.content);
+  // An answer with nothing to show (only whitespace or markup the template hides) says so.
+  if (!streaming && !m.content.trim() && !m.reasoning && !(m.tool_calls && m.tool_calls.length) && m.stats && !m.stats.stopped) {
+    div.querySelector(".body").replaceChildren(el("span", { class: "hint", text: "(the model's answer was empty)" }));
+  }
 }
 
 // The call a tool message answers (on its parent, the assistant message that made it).
@@ -303,7 +307,8 @@ async function generate(parentId, round = 0) {
   inFlight = new AbortController();
   setBusy(true);
   const started = performance.now();
-  let firstAt = null;
+  let firstAt = null; // the first token shown
+  let chunkAt = null; // the first delta of any kind: the rate runs from here
   let usage = null;
   let stopped = false;
   let frame = 0;
@@ -327,6 +332,7 @@ async function generate(parentId, round = 0) {
         }
       },
       onDelta: (delta) => {
+        if (chunkAt === null) chunkAt = performance.now();
         const calls = delta.tool_calls || [];
         if (!delta.content && !delta.reasoning_content && !calls.length) return;
         if (firstAt === null) {
@@ -362,7 +368,7 @@ async function generate(parentId, round = 0) {
     setBusy(false);
   }
   if (!answer.error) {
-    const secs = (performance.now() - (firstAt ?? started)) / 1000;
+    const secs = (performance.now() - (chunkAt ?? started)) / 1000;
     const tokens = usage ? usage.completion_tokens : null;
     answer.stats = {
       model: s.model,

@@ -30,6 +30,16 @@ pub fn object(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
     }
 }
 
+/// The body read as `T`, a typed request (`deny_unknown_fields`): an unknown field or a
+/// wrong type is refused by its path (`messages[1].parent`).
+pub fn typed<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        ApiError::invalid(if path == "." { "body" } else { &path }, e.inner().to_string())
+    })
+}
+
 /// The refusal of a field whose JSON type is wrong.
 pub fn wrong_type(field: &str, want: &str, v: &Value) -> ApiError {
     ApiError::invalid(field, format!("`{field}` must be {want}; got {}", kind(v)))

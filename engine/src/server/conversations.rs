@@ -69,16 +69,6 @@ fn id_of(raw: &str) -> Result<ConversationId, ApiError> {
     ConversationId::parse(raw).map_err(|m| ApiError::invalid("id", m))
 }
 
-/// A JSON body read as `T`, refusing unknown fields and wrong types by their path.
-fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        let field = if path == "." { "body".to_string() } else { path };
-        ApiError::invalid(&field, e.inner().to_string())
-    })
-}
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ListQuery {
@@ -118,7 +108,7 @@ async fn save(
     body: Bytes,
 ) -> Result<Json<Conversation>, ApiError> {
     let (store, id) = (store(&host)?, id_of(&id)?);
-    let c: Conversation = parse(&body)?;
+    let c: Conversation = super::body::typed(&body)?;
     if c.id != id {
         return Err(ApiError::invalid("id", format!("`{}` in the body, `{id}` in the path", c.id)));
     }
@@ -137,7 +127,7 @@ async fn rename(
     body: Bytes,
 ) -> Result<Json<Conversation>, ApiError> {
     let (store, id) = (store(&host)?, id_of(&id)?);
-    let r: Rename = parse(&body)?;
+    let r: Rename = super::body::typed(&body)?;
     blocking(move || store.rename(&id, &r.title)).await.map(Json)
 }
 
@@ -222,7 +212,7 @@ struct Import {
 
 async fn import(State(host): State<Arc<AppHost>>, body: Bytes) -> Result<Response, ApiError> {
     let store = store(&host)?;
-    let i: Import = parse(&body)?;
+    let i: Import = super::body::typed(&body)?;
     let list = match (i.conversations, i.conversation, i.markdown) {
         (Some(list), None, None) => list,
         (None, Some(c), None) => vec![c],

@@ -50,14 +50,6 @@ fn refusal(e: McpError) -> ApiError {
     }
 }
 
-fn parse<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        ApiError::invalid(if path == "." { "body" } else { &path }, e.inner().to_string())
-    })
-}
-
 async fn describe(m: &Manager) -> Value {
     let text = std::fs::read_to_string(m.path()).unwrap_or_default();
     let running = m.running().await;
@@ -92,7 +84,7 @@ struct Save {
 /// Replace the file with `text` once it checks; servers restart when next needed.
 async fn save(State(host): State<Arc<AppHost>>, body: Bytes) -> Result<Json<Value>, ApiError> {
     let m = manager(&host)?;
-    let Save { text } = parse(&body)?;
+    let Save { text } = super::body::typed(&body)?;
     McpConfig::parse(&text).map_err(|e| refusal(e.into()))?;
     write(&m, text.as_bytes())?;
     m.stop_all().await;
@@ -131,7 +123,7 @@ struct Call {
 
 async fn call(State(host): State<Arc<AppHost>>, body: Bytes) -> Result<Json<Value>, ApiError> {
     let m = manager(&host)?;
-    let c: Call = parse(&body)?;
+    let c: Call = super::body::typed(&body)?;
     let r = m.call(&c.server, &c.tool, c.arguments).await.map_err(refusal)?;
     Ok(Json(json!({"text": r.text, "is_error": r.is_error})))
 }
@@ -146,7 +138,7 @@ struct Allow {
 /// "Always allow this tool": written into the file's `alwaysAllow`.
 async fn allow(State(host): State<Arc<AppHost>>, body: Bytes) -> Result<Json<Value>, ApiError> {
     let m = manager(&host)?;
-    let a: Allow = parse(&body)?;
+    let a: Allow = super::body::typed(&body)?;
     let mut config = m.config().map_err(refusal)?;
     let spec = config
         .servers
