@@ -107,11 +107,21 @@ pub struct ChatSettings {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub max_tokens: Option<u32>,
-    /// The preset these settings came from, if any (a name the UI keeps).
-    pub preset: String,
-    /// MCP tools offered to the model: `""` (none), `auto`, or `required` (the first
-    /// answer after each question must call one).
-    pub tools: String,
+    /// MCP tools offered to the model.
+    pub tools: ToolUse,
+}
+
+/// Whether a chat offers MCP tools, and whether the first answer after each question must
+/// call one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ToolUse {
+    #[default]
+    #[serde(rename = "")]
+    Off,
+    #[serde(rename = "auto")]
+    Auto,
+    #[serde(rename = "required")]
+    Required,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -2,6 +2,7 @@
 //! to the user. A file that does not read back (damaged, hand-edited, too large) is left
 //! alone and reported, never overwritten or dropped from under the user.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -47,6 +48,9 @@ pub struct Store {
     dir: PathBuf,
     /// One write at a time, so the revision check and the write are one step.
     writing: Mutex<()>,
+    /// Each file's summary, by the file's length and modification time: the sidebar lists
+    /// every few seconds, and a file that did not change is not read and parsed again.
+    summaries: Mutex<HashMap<ConversationId, (u64, SystemTime, Summary)>>,
 }
 
 fn now_ms() -> u64 {
@@ -55,7 +59,7 @@ fn now_ms() -> u64 {
 
 impl Store {
     pub fn new(dir: PathBuf) -> Store {
-        Store { dir, writing: Mutex::new(()) }
+        Store { dir, writing: Mutex::new(()), summaries: Mutex::new(HashMap::new()) }
     }
 
     pub fn dir(&self) -> &Path {
@@ -113,6 +117,17 @@ impl Store {
             let name = entry.file_name();
             let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".json")) else { continue };
             let Ok(id) = ConversationId::parse(id) else { continue };
+            // Unchanged since it was last read, and no search to run over its text.
+            let stamp = entry.metadata().ok().and_then(|m| Some((m.len(), m.modified().ok()?)));
+            if needle.is_none() {
+                let cached = self.summaries.locked().get(&id).cloned();
+                if let (Some((len, at, summary)), Some(stamp)) = (cached, stamp) {
+                    if (len, at) == stamp {
+                        found.push(summary);
+                        continue;
+                    }
+                }
+            }
             let c = match self.get(&id) {
                 Ok(c) => c,
                 Err(e @ ConversationError::Damaged { .. }) => {
@@ -129,7 +144,7 @@ impl Store {
                 },
                 None => None,
             };
-            found.push(Summary {
+            let summary = Summary {
                 id: c.id,
                 title: c.title,
                 created_ms: c.created_ms,
@@ -138,7 +153,11 @@ impl Store {
                 model: c.settings.model,
                 messages: c.messages.len(),
                 snippet,
-            });
+            };
+            if let (None, Some((len, at))) = (&needle, stamp) {
+                self.summaries.locked().insert(summary.id.clone(), (len, at, summary.clone()));
+            }
+            found.push(summary);
         }
         found.sort_by(|a, b| b.updated_ms.cmp(&a.updated_ms).then_with(|| a.id.cmp(&b.id)));
         Ok((found, damaged))
@@ -192,6 +211,7 @@ impl Store {
     pub fn delete(&self, id: &ConversationId) -> Result<(), ConversationError> {
         let _one = self.writing.locked();
         let path = self.path(id);
+        self.summaries.locked().remove(id);
         match std::fs::remove_file(&path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -231,6 +251,7 @@ impl Store {
             .into());
         }
         let path = self.path(&c.id);
+        self.summaries.locked().remove(&c.id);
         crate::private_files::write_atomic(&path, &bytes).map_err(self.io(&path))
     }
 }

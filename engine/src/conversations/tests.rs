@@ -106,6 +106,11 @@ fn the_list_is_newest_first_and_search_finds_message_text() {
     let (hits, _) = store.list(Some("milk")).unwrap();
     assert_eq!(hits.len(), 1);
     assert_eq!(hits[0].snippet.as_deref(), Some("Buy MILK and bread for the weekend"));
+    // A rename shows at once, though the list keeps summaries between calls.
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    store.rename(&a.id, "Lifetimes").unwrap();
+    let (all, _) = store.list(None).unwrap();
+    assert_eq!(all.iter().map(|s| s.title.as_str()).collect::<Vec<_>>(), ["Lifetimes", "Shopping"]);
     let (hits, _) = store.list(Some("SECOND answer")).unwrap();
     assert_eq!(hits.iter().map(|s| &s.id).collect::<Vec<_>>(), [&a.id], "every branch is searched");
 }
