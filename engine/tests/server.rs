@@ -796,11 +796,45 @@ async fn conversations_are_kept_checked_and_private() {
         post(&s, "/perch/conversations/import", json!({"markdown": "no headings"})).await;
     assert_eq!((status, e["error"]["param"].as_str()), (400, Some("markdown")), "{e}");
 
-    // A new server over the same folder (a restart) has both; deleting one leaves a 404.
+    // Presets: named settings beside the chats, kept by name (case aside), refused by field,
+    // private like them.
+    let preset = |name: &str, body: Value| {
+        let (url, path) = (s.url(), format!("/perch/conversations/presets/{name}"));
+        async move { call(&url, reqwest::Method::PUT, &path, Some(body)).await }
+    };
+    let (status, p) = preset(
+        "Terse%20coder",
+        json!({"settings": {"system": "Code only.", "temperature": 0.2, "tools": "auto"}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{p}");
+    let (_, p) = preset("terse%20CODER", json!({"settings": {"system": "Code, then stop."}})).await;
+    assert_eq!(p["presets"].as_array().unwrap().len(), 1, "{p}");
+    assert_eq!(p["presets"][0]["settings"]["system"], "Code, then stop.");
+    let (status, e) = preset("x", json!({"settings": {"temprature": 1}})).await;
+    assert_eq!(status, 400);
+    assert!(e["error"]["message"].as_str().unwrap().contains("temprature"), "{e}");
+    let (status, e) = preset("%20", json!({"settings": {}})).await;
+    assert_eq!((status, e["error"]["param"].as_str()), (400, Some("name")), "{e}");
+    let r = client()
+        .get(format!("{}/perch/conversations/presets", s.url()))
+        .header("Origin", "http://allowed.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 403);
+
+    // A new server over the same folder (a restart) has both chats and the preset;
+    // deleting one chat leaves a 404.
     s.shutdown().await;
     let s = Server::bind(config).await.unwrap();
     let (_, list) = get(&s, "/perch/conversations").await;
     assert_eq!(list["data"].as_array().unwrap().len(), 2, "{list}");
+    let (_, p) = get(&s, "/perch/conversations/presets").await;
+    assert_eq!(p["presets"][0]["name"], "terse CODER", "{p}");
+    let (status, e) =
+        call(&s, reqwest::Method::DELETE, "/perch/conversations/presets/nope", None).await;
+    assert_eq!((status, e["error"]["code"].as_str()), (404, Some("preset_not_found")), "{e}");
     let (status, _) = call(&s, reqwest::Method::DELETE, "/perch/conversations/c1", None).await;
     assert_eq!(status, 200);
     let (status, e) = get(&s, "/perch/conversations/c1").await;

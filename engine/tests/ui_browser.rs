@@ -3,8 +3,9 @@
 //! streaming, stop, reload, settings restart, invalid settings, models page, a Hugging Face
 //! cache model, downloads from a loopback hub with progress and cancel; conversations kept by
 //! the engine with versions, attachments, export and import); then `tests/ui/hostile.mjs`
-//! opens a corpus of hostile answers and fails if anything runs. Screenshots go
-//! to `target/test-artifacts/ui/`. Needs `scripts/setup-ui` (run by `scripts/test`).
+//! opens a corpus of hostile answers and fails if anything runs, and `tests/ui/keyboard.mjs`
+//! chats by keyboard alone and checks every control's accessible name. Screenshots go to
+//! `target/test-artifacts/ui/`. Needs `scripts/setup-ui` (run by `scripts/test`).
 
 mod common;
 
@@ -95,32 +96,31 @@ async fn the_ui_chats_stops_remembers_and_restarts_the_engine_in_chromium() {
         assert!(t.elapsed() < Duration::from_secs(60), "{:?}", sup.status());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let artifacts = root().join("target/test-artifacts/ui");
-    let url = sup.url();
-    let script = root().join("tests/ui/browser.mjs");
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new("node").arg(script).arg(url).arg(&config).arg(&artifacts).output()
-    })
-    .await
-    .unwrap()
-    .expect("node (scripts/setup-ui installs it)");
-    println!("{}", String::from_utf8_lossy(&out.stdout));
-    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
-    assert!(
-        out.status.success(),
-        "the browser checks failed (screenshot: target/test-artifacts/ui/failure.png)"
-    );
+    let artifacts = root().join("target/test-artifacts/ui").display().to_string();
+    let config = config.display().to_string();
+    node(
+        "browser.mjs",
+        &[&sup.url(), &config, &artifacts],
+        "the browser checks failed (screenshot: target/test-artifacts/ui/failure.png)",
+    )
+    .await;
     // Hostile model output, through the chat's own rendering (the page moved ports above).
-    let (url, artifacts) = (sup.url(), root().join("target/test-artifacts/ui"));
-    let script = root().join("tests/ui/hostile.mjs");
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new("node").arg(script).arg(url).arg(&artifacts).output()
-    })
-    .await
-    .unwrap()
-    .expect("node");
+    node("hostile.mjs", &[&sup.url(), &artifacts], "hostile output ran or froze the page (screenshot: target/test-artifacts/ui/hostile-failure.png)").await;
+    // The keyboard alone, and the names a screen reader is given.
+    node("keyboard.mjs", &[&sup.url(), &artifacts], "the keyboard or accessibility checks failed (screenshot: target/test-artifacts/ui/keyboard-failure.png)").await;
+    sup.shutdown().await;
+}
+
+/// Run `tests/ui/<script>` with node, show its output, and fail with `why` if it fails.
+async fn node(script: &str, args: &[&str], why: &str) {
+    let script = root().join("tests/ui").join(script);
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let out =
+        tokio::task::spawn_blocking(move || Command::new("node").arg(script).args(args).output())
+            .await
+            .unwrap()
+            .expect("node (scripts/setup-ui installs it)");
     println!("{}", String::from_utf8_lossy(&out.stdout));
     eprintln!("{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "hostile output ran or froze the page (screenshot: target/test-artifacts/ui/hostile-failure.png)");
-    sup.shutdown().await;
+    assert!(out.status.success(), "{why}");
 }

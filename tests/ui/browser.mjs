@@ -63,6 +63,30 @@ try {
   assert.equal(md.tags, 0, "markup in the text stays text");
   step("markdown renders headings, highlighted code, emphasis, links and lists, and keeps HTML as text");
 
+  // Math: the first text that holds some loads KaTeX (its own chunk), then it is set as
+  // MathML from $…$, $$…$$, \(…\) and \[…\]; a price stays a price, code stays code.
+  const math = await page.evaluate(async () => {
+    const text = "Prices $5 and $10.\n\nInline $\\frac{a}{b}$ and \\(x^2\\).\n\n$$\\sum_{i=1}^n i$$\n\n\\[\\sqrt{2}\\]\n\nMid-line \\[ y^3 \\] too.\n\n`$x$`";
+    const div = document.createElement("div");
+    for (let i = 0; i < 200 && !div.querySelector("math"); i++) {
+      div.innerHTML = renderMarkdown(text);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    return {
+      formulas: [...div.querySelectorAll("span.katex > math")].map((m) => m.querySelector("annotation")?.textContent.trim()),
+      fraction: div.querySelectorAll("mfrac").length,
+      blocks: div.querySelectorAll("eqn").length,
+      prices: div.textContent.includes("Prices $5 and $10."),
+      code: div.querySelector("code")?.textContent,
+    };
+  });
+  assert.deepEqual(math.formulas, ["\\frac{a}{b}", "x^2", "\\sum_{i=1}^n i", "\\sqrt{2}", "y^3"]);
+  assert.equal(math.fraction, 1);
+  assert.equal(math.blocks, 3, "display math is a block, inside a paragraph too");
+  assert.ok(math.prices, "dollar amounts stay text");
+  assert.equal(math.code, "$x$", "math in code stays code");
+  step("math renders as MathML (KaTeX, loaded on first need); prices and code stay text");
+
   // 1. A chat answer streams in, and the token rate shows after it.
   await page.fill("#prompt", "Hello there");
   await page.press("#prompt", "Enter");
@@ -209,6 +233,42 @@ try {
   await chatItem("Imported one").waitFor({ state: "detached" });
   step("renamed, searched, exported as Markdown, imported and deleted chats");
 
+  // 4g'. Presets: a chat's system prompt, sampling and tools saved under a name, kept by the
+  // engine (another page offers it), applied to a new chat and sent with it, then deleted.
+  await page.click("#new-chat");
+  await page.locator("#system").evaluate((t) => (t.closest("details").open = true));
+  await page.fill("#system", "Answer like a heron.");
+  await page.fill("#temperature", "0.3");
+  await page.fill("#max-tokens", "5");
+  await page.locator("#max-tokens").dispatchEvent("change");
+  page.once("dialog", (d) => d.accept("Heron"));
+  await page.click("#save-preset");
+  await page.waitForFunction(() => document.querySelector("#preset").value === "Heron");
+  const elsewhere = await (await browser.newContext()).newPage();
+  await elsewhere.goto(`${url}/#chat`);
+  await elsewhere.waitForFunction(() => [...document.querySelectorAll("#preset option")].some((o) => o.value === "Heron"), null, { timeout: 30000 });
+  await elsewhere.context().close();
+  await page.click("#new-chat");
+  assert.equal(await page.inputValue("#system"), "", "a new chat starts without the preset");
+  await page.selectOption("#preset", "Heron");
+  assert.deepEqual(
+    [await page.inputValue("#system"), await page.inputValue("#temperature"), await page.inputValue("#max-tokens")],
+    ["Answer like a heron.", "0.3", "5"],
+  );
+  await page.fill("#prompt", "Who are you?");
+  await page.press("#prompt", "Enter");
+  await lastStats().waitFor({ timeout: 60000 });
+  const withPreset = await page.evaluate(async () => {
+    const list = await (await fetch("/perch/conversations?q=Who%20are%20you")).json();
+    return (await fetch(`/perch/conversations/${list.data[0].id}`)).json();
+  });
+  assert.deepEqual([withPreset.settings.system, withPreset.settings.temperature, withPreset.settings.max_tokens], ["Answer like a heron.", 0.3, 5]);
+  assert.ok(withPreset.messages.at(-1).stats.completion_tokens <= 5, "the preset's token limit went with the request");
+  await page.selectOption("#preset", "Heron");
+  await page.click("#delete-preset");
+  await page.waitForFunction(() => ![...document.querySelectorAll("#preset option")].some((o) => o.value === "Heron"));
+  step("saved a preset, saw it from another page, applied it to a new chat (sent with it), deleted it");
+
   // 4h. Chats an older Perch kept in the page's storage move into the engine once.
   await page.evaluate(() => localStorage.setItem("perch.conversations", JSON.stringify([{ id: "c1", title: "From before", messages: [{ role: "user", content: "old question" }, { role: "assistant", content: "old answer" }] }])));
   await page.reload();
@@ -277,7 +337,7 @@ try {
       { id: "q", parent: null, role: "user", content: "How do I reverse the words of a sentence in Rust?" },
       { id: "a1", parent: "q", role: "assistant", content: "Split, reverse, join." },
       { id: "a2", parent: "q", role: "assistant", reasoning: "The user wants words, not characters: split on whitespace, then reverse the iterator.",
-        content: "Split on whitespace, reverse the iterator, and join:\n\n```rust\nfn reverse_words(s: &str) -> String {\n    s.split_whitespace().rev().collect::<Vec<_>>().join(\" \")\n}\n```\n\n- `split_whitespace` skips runs of spaces\n- `rev` works because the iterator is double-ended\n\nSee [the docs](https://doc.rust-lang.org/std/primitive.str.html#method.split_whitespace).",
+        content: "Split on whitespace, reverse the iterator, and join:\n\n```rust\nfn reverse_words(s: &str) -> String {\n    s.split_whitespace().rev().collect::<Vec<_>>().join(\" \")\n}\n```\n\n- `split_whitespace` skips runs of spaces\n- `rev` works because the iterator is double-ended\n\nIt runs in $O(n)$ time for $n$ bytes: \\[ T(n) = \\sum_{i=1}^{n} c_i \\]\n\nSee [the docs](https://doc.rust-lang.org/std/primitive.str.html#method.split_whitespace).",
         stats: { model: "chat", prompt_tokens: 31, cached_tokens: 0, completion_tokens: 87, ttft_ms: 140, tokens_per_s: 41.5, stopped: false } },
     ],
     current: "a2",
@@ -286,6 +346,7 @@ try {
   await page.reload();
   await chatItem("Example: reversing words").locator("button.open").click();
   await page.locator(".msg.assistant pre code").waitFor();
+  await page.locator(".msg.assistant math").first().waitFor();
   await page.emulateMedia({ colorScheme: "light" });
   await shot(page, "chat-light.png");
   await page.emulateMedia({ colorScheme: "dark" });

@@ -39,6 +39,12 @@ const corpus = [
   `![track](https://evil.example/pixel.png) ![inline](data:image/svg+xml,<svg onload="window.__pwned='svgdata'">)`,
   `<details open ontoggle="window.__pwned='toggle'">x</details><video><source onerror="window.__pwned='video'"></video>`,
   "broken text: \uFFFD\uFFFD \u202Eevil\u202C \u0000 nul, emoji 🦜 and lone halves replaced: \uFFFD",
+  // Math goes through KaTeX: links and HTML commands stay text, a macro bomb, a formula
+  // nested 3000 deep and 20,000 dollar signs end as text, not as a hung page.
+  String.raw`$\href{javascript:window.__pwned='href'}{x}$ \(\url{javascript:window.__pwned='url'}\) $$\htmlClass{x}{y}\htmlData{a=b}{z}\htmlStyle{color:red}{w}\includegraphics{https://evil.example/m.png}$$ and $\frac{a}{b}$`,
+  String.raw`$$\def\a{\b\b}\def\b{\c\c}\def\c{\d\d}\def\d{\e\e}\def\e{\f\f}\def\f{xxxxxxxxxx}\a\a\a\a\a\a\a\a$$`,
+  "$" + "\\frac{1}{".repeat(3000) + "x" + "}".repeat(3000) + "$ and \\[" + "{".repeat(3000) + "\\]",
+  "$a ".repeat(20000) + "\n\n$$ never closed " + "x ".repeat(20000),
   table,
   nested,
 ];
@@ -94,7 +100,8 @@ try {
     const box = document.querySelector("#messages");
     return {
       pwned: window.__pwned ?? null,
-      tags: [...box.querySelectorAll("script, img, svg, iframe, math, style, form, video, source, details:not(.reasoning), object, embed")].map((e) => e.tagName),
+      tags: [...box.querySelectorAll("script, img, svg, iframe, style, form, video, source, details:not(.reasoning), object, embed, mglyph, maction, annotation-xml, :not(span.katex) > math")].map((e) => e.tagName),
+      formulas: box.querySelectorAll("span.katex > math").length,
       handlers: [...box.querySelectorAll("*")].flatMap((e) => [...e.attributes].filter((a) => a.name.startsWith("on") || a.name === "style").map((a) => `${e.tagName}@${a.name}`)),
       links: [...box.querySelectorAll("a[href]")].map((a) => a.getAttribute("href")),
       violations: window.__violations,
@@ -115,8 +122,9 @@ try {
   assert.ok(found.codeText.includes("<script>window.__pwned='code'</script>"), "HTML in a code block shows as text");
   assert.ok(found.plain, "1 MB of nested lists is shown as plain text");
   assert.equal(found.rows, 1001, "the huge table (1000 rows, 12 columns) renders whole");
+  assert.ok(found.formulas > 0, "math is set (as KaTeX's MathML)");
   assert.deepEqual(errors, [], "no script errors");
-  step(`opened in ${openMs} ms; nothing ran, nothing loaded, code stayed text, the page answered`);
+  step(`opened in ${openMs} ms; nothing ran, nothing loaded, code stayed text, ${found.formulas} formulas set, the page answered`);
   console.log("[hostile] all checks passed");
 } catch (e) {
   await page.screenshot({ path: path.join(artifacts, "hostile-failure.png") }).catch(() => {});

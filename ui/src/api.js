@@ -39,7 +39,10 @@ export async function failure(resp) {
   let body = null;
   try {
     body = await resp.json();
-  } catch {}
+  } catch (e) {
+    // Stopped while the error was read: a stop, not an unexplained failure.
+    if (e.name === "AbortError") throw e;
+  }
   const e = body && body.error ? body.error : {};
   if (resp.status === 401) {
     const key = prompt("This Perch needs its API key (Settings → API key):");

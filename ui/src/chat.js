@@ -12,6 +12,7 @@ let inFlight = null; // AbortController of the streaming answer
 let pending = []; // attachments for the next message: {name, text}
 let models = []; // /v1/models entries (context_length, loaded)
 let onChange = () => {}; // the sidebar's refresh
+let opened = () => {}; // another chat is shown (the presets' chooser resets)
 let shown = 0; // bumped whenever the user picks a chat: a slower load never replaces it
 
 export const busy = () => inFlight !== null;
@@ -19,6 +20,9 @@ const byId = (id) => conv.messages.find((m) => m.id === id);
 export const currentId = () => conv && conv.id;
 export function onListChange(f) {
   onChange = f;
+}
+export function onOpen(f) {
+  opened = f;
 }
 
 export function status(text) {
@@ -52,6 +56,7 @@ export async function open(id) {
   conv = loaded;
   status("");
   prefs.set("openChat", conv.id);
+  opened();
   render();
   onChange();
 }
@@ -76,6 +81,7 @@ export function newChat() {
   shown++;
   conv = store.blank($("#model").value);
   prefs.set("openChat", conv.id);
+  opened();
   render();
   onChange();
   $("#prompt").focus();
@@ -526,6 +532,25 @@ function showPending() {
 }
 
 // ---- Per-chat options -------------------------------------------------------------------
+
+// The chat's options as a preset keeps them.
+export function currentSettings() {
+  if (!conv) render();
+  readOptions();
+  return { ...conv.settings };
+}
+
+// Set the chat's options from a preset (its model too, when it names an installed one).
+export function applySettings(s) {
+  $("#system").value = s.system || "";
+  $("#temperature").value = s.temperature ?? "";
+  $("#top-p").value = s.top_p ?? "";
+  $("#max-tokens").value = s.max_tokens ?? "";
+  $("#tools").value = s.tools || "";
+  if (s.model && [...$("#model").options].some((o) => o.value === s.model)) $("#model").value = s.model;
+  if ((s.system || "") !== "") $("#system").closest("details").open = true;
+  optionChanged();
+}
 
 export function optionChanged() {
   if (!conv) return;

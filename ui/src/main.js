@@ -5,6 +5,7 @@ import { $ } from "./api.js";
 import * as chat from "./chat.js";
 import { renderMarkdown } from "./markdown.js";
 import { loadModels, pollDownloads } from "./models.js";
+import * as presets from "./presets.js";
 import { loadSettings } from "./settings.js";
 import * as sidebar from "./sidebar.js";
 import { defaultModel, pollStatus } from "./status.js";
@@ -61,7 +62,12 @@ document.addEventListener("keydown", (ev) => {
   }
 });
 
+// KaTeX arrived (the first answer with math): show the answers on screen with it. An answer
+// still streaming gets it with its next blocks, and whole when it ends.
+document.addEventListener("math-ready", () => chat.busy() || chat.render());
+
 sidebar.wire();
+presets.wire();
 showView();
 chat.render();
 pollStatus().then(async () => {
@@ -71,6 +77,7 @@ pollStatus().then(async () => {
     if (moved) chat.status(`Moved ${moved} chat${moved === 1 ? "" : "s"} from this page's storage into Perch.`);
   } catch {}
   await sidebar.refresh();
+  await presets.load();
 });
 chat.reopen().then(sidebar.refresh);
 setInterval(pollStatus, 1500);

@@ -1,7 +1,7 @@
 // Model output as HTML, safely: markdown-it parses it with raw HTML off (tags stay text),
-// highlight.js colours code, and DOMPurify removes whatever markup could still run or load
-// (it is the second lock; the engine's CSP is the third). Images are not rendered: a
-// model's image link could only track the user.
+// highlight.js colours code, KaTeX sets math, and DOMPurify removes whatever markup could
+// still run or load (it is the second lock; the engine's CSP is the third). Images are not
+// rendered: a model's image link could only track the user.
 import MarkdownIt from "markdown-it";
 import DOMPurify from "dompurify";
 import hljs from "highlight.js/lib/core";
@@ -46,6 +46,23 @@ const md = new MarkdownIt({
 });
 md.disable("image");
 
+// Math (math.js: KaTeX, two thirds of the bundle) loads the first time an answer looks
+// like it holds some; the answers on screen are then rendered again (the `math-ready` event).
+const MATHY = /\$|\\\(|\\\[/;
+let math = "off"; // "off" | "loading" | "on"
+function wantMath(text) {
+  if (math !== "off" || !MATHY.test(text)) return;
+  math = "loading";
+  import("./math.js").then(
+    ({ useMath }) => {
+      useMath(md);
+      math = "on";
+      document.dispatchEvent(new Event("math-ready"));
+    },
+    () => (math = "off"),
+  );
+}
+
 // Links open outside the page, and only http(s) and mailto are links at all.
 const SAFE_URL = /^(?:https?:|mailto:)/i;
 DOMPurify.addHook("afterSanitizeAttributes", (node) => {
@@ -57,13 +74,18 @@ DOMPurify.addHook("afterSanitizeAttributes", (node) => {
   }
 });
 
+// The MathML KaTeX writes (presentation elements and the TeX source as an annotation).
+const MATHML_TAGS = ["math", "semantics", "annotation", "mrow", "mi", "mn", "mo", "ms", "mtext", "mspace", "msup", "msub", "msubsup", "mfrac", "msqrt", "mroot", "munder", "mover", "munderover", "mtable", "mtr", "mtd", "mlabeledtr", "mstyle", "mpadded", "mphantom", "menclose"];
+const MATHML_ATTR = ["encoding", "mathvariant", "mathcolor", "displaystyle", "scriptlevel", "stretchy", "fence", "separator", "lspace", "rspace", "minsize", "maxsize", "accent", "accentunder", "columnalign", "columnlines", "rowlines", "rowspacing", "columnspacing", "width", "height", "depth", "voffset", "linethickness", "display", "movablelimits", "largeop", "symmetric", "notation", "side"];
+
 const PURIFY = {
-  ALLOWED_TAGS: ["a", "b", "blockquote", "br", "code", "del", "em", "h1", "h2", "h3", "h4", "h5", "h6", "hr", "i", "li", "ol", "p", "pre", "s", "span", "strong", "table", "tbody", "td", "th", "thead", "tr", "ul"],
-  ALLOWED_ATTR: ["href", "class", "start", "align", "title"],
+  ALLOWED_TAGS: ["a", "b", "blockquote", "br", "code", "del", "em", "h1", "h2", "h3", "h4", "h5", "h6", "hr", "i", "li", "ol", "p", "pre", "s", "span", "strong", "table", "tbody", "td", "th", "thead", "tr", "ul", "section", "eq", "eqn", ...MATHML_TAGS],
+  ALLOWED_ATTR: ["href", "class", "start", "align", "title", ...MATHML_ATTR],
   ALLOW_DATA_ATTR: false,
 };
 
 export function renderMarkdown(text) {
+  wantMath(text);
   return DOMPurify.sanitize(md.render(String(text)), PURIFY);
 }
 

@@ -78,16 +78,19 @@ export async function pollDownloads() {
       const bar = document.createElement("progress");
       bar.max = 100;
       bar.value = d.state === "done" ? 100 : pct;
+      bar.setAttribute("aria-label", `Download of ${d.repo}`);
       li.append(label, bar);
       if (d.state === "running") {
         const cancel = document.createElement("button");
         cancel.textContent = "Cancel";
+        cancel.setAttribute("aria-label", `Cancel downloading ${d.repo}`);
         cancel.onclick = () => act(() => api(`/perch/downloads/${d.id}/cancel`, { method: "POST" }));
         li.append(cancel);
       }
       if (d.state === "failed") {
         const retry = document.createElement("button");
         retry.textContent = "Retry";
+        retry.setAttribute("aria-label", `Retry downloading ${d.repo}`);
         retry.title = "Starts again, resuming from the parts already downloaded";
         retry.onclick = () => act(() => api("/perch/downloads", { method: "POST", body: { repo: d.repo } }));
         li.append(retry);

@@ -38,8 +38,61 @@ export async function refresh() {
     return li;
   });
   for (const d of r.damaged) items.push(el("li", { class: "damaged", text: `⚠ ${d.message}` }));
-  $("#conversations").replaceChildren(...items);
+  const list = $("#conversations");
+  const hadFocus = list.contains(document.activeElement) ? document.activeElement.closest("li")?.dataset.id : null;
+  list.replaceChildren(...items);
+  // One Tab stop for the whole list (the chat shown, else the first): arrows move within.
+  for (const b of list.querySelectorAll("button")) b.tabIndex = -1;
+  const entry = list.querySelector(`li[data-id="${CSS.escape(hadFocus || current || "")}"] .open`) || list.querySelector(".open");
+  if (entry) entry.tabIndex = 0;
+  if (hadFocus && entry) entry.focus();
   $("#kept").hidden = store.kept;
+}
+
+// Keys in the list: Up/Down (Home/End) move between chats, Right/Left through a chat's
+// actions, F2 renames, Delete deletes. Tab leaves the list in one step.
+function listKeys(ev) {
+  const button = ev.target.closest("button");
+  const li = button && button.closest("li");
+  if (!li) return;
+  const rows = [...$("#conversations").querySelectorAll("li[data-id]")];
+  const inRow = [...li.querySelectorAll("button")];
+  let to = null;
+  const row = (i) => rows[Math.max(0, Math.min(rows.length - 1, i))].querySelector(".open");
+  switch (ev.key) {
+    case "ArrowDown":
+      to = row(rows.indexOf(li) + 1);
+      break;
+    case "ArrowUp":
+      to = row(rows.indexOf(li) - 1);
+      break;
+    case "Home":
+      to = row(0);
+      break;
+    case "End":
+      to = row(rows.length - 1);
+      break;
+    case "ArrowRight":
+      to = inRow[Math.min(inRow.length - 1, inRow.indexOf(button) + 1)];
+      break;
+    case "ArrowLeft":
+      to = inRow[Math.max(0, inRow.indexOf(button) - 1)];
+      break;
+    case "F2":
+      to = li.querySelector(".rename");
+      to.click();
+      break;
+    case "Delete":
+      to = li.querySelector(".delete");
+      to.click();
+      break;
+    default:
+      return;
+  }
+  ev.preventDefault();
+  for (const b of $("#conversations").querySelectorAll("button")) b.tabIndex = -1;
+  to.tabIndex = 0;
+  to.focus();
 }
 
 async function rename(c) {
@@ -75,6 +128,7 @@ async function exportOne(id, format) {
 }
 
 export function wire() {
+  $("#conversations").addEventListener("keydown", listKeys);
   $("#search").addEventListener("input", (ev) => {
     clearTimeout(timer);
     timer = setTimeout(() => {

@@ -1,8 +1,10 @@
 //! The chat window's conversations, kept by the engine as the user's data: typed, checked
 //! as a tree of messages (branches from edits and regenerations), one JSON file each
-//! (`store.rs`), exported and imported as JSON or Markdown (`markdown.rs`).
+//! (`store.rs`), exported and imported as JSON or Markdown (`markdown.rs`); named presets of
+//! a chat's settings beside them (`presets.rs`).
 
 pub mod markdown;
+pub mod presets;
 mod store;
 
 use std::collections::HashSet;
@@ -65,8 +67,9 @@ impl std::fmt::Display for ConversationId {
     }
 }
 
-/// Names the routes take for themselves (`/perch/conversations/export`, `.../import`).
-const RESERVED: [&str; 2] = ["export", "import"];
+/// Names the routes take for themselves (`/perch/conversations/export`, `.../import`,
+/// `.../presets`; the folder's `presets.json` is no conversation).
+const RESERVED: [&str; 3] = ["export", "import", "presets"];
 
 fn is_id(s: &str) -> bool {
     !s.is_empty()
@@ -104,8 +107,9 @@ pub struct Conversation {
 pub struct ChatSettings {
     pub model: String,
     pub system: String,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
+    /// f64, as JSON numbers are: an f32 would come back as 0.30000001192092896.
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
     pub max_tokens: Option<u32>,
     /// MCP tools offered to the model.
     pub tools: ToolUse,

@@ -9,6 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
+use super::presets::Presets;
 use super::{Conversation, ConversationId, Invalid};
 use crate::sync::LockExt;
 
@@ -51,6 +52,7 @@ pub struct Store {
     /// Each file's summary, by the file's length and modification time: the sidebar lists
     /// every few seconds, and a file that did not change is not read and parsed again.
     summaries: Mutex<HashMap<ConversationId, (u64, SystemTime, Summary)>>,
+    presets: Presets,
 }
 
 fn now_ms() -> u64 {
@@ -59,7 +61,13 @@ fn now_ms() -> u64 {
 
 impl Store {
     pub fn new(dir: PathBuf) -> Store {
-        Store { dir, writing: Mutex::new(()), summaries: Mutex::new(HashMap::new()) }
+        let presets = Presets::new(&dir);
+        Store { dir, writing: Mutex::new(()), summaries: Mutex::new(HashMap::new()), presets }
+    }
+
+    /// The named presets kept in this folder.
+    pub fn presets(&self) -> &Presets {
+        &self.presets
     }
 
     pub fn dir(&self) -> &Path {

@@ -163,3 +163,50 @@ fn markdown_without_headings_or_with_stray_text_is_refused() {
     let c = markdown::import("# T\n\n## user\n\nhi\n\n## ASSISTANT\n\nhello").unwrap();
     assert_eq!(c.branch().len(), 2);
 }
+
+#[test]
+fn presets_are_named_replaced_deleted_and_never_listed_as_chats() {
+    use presets::{Preset, PresetError};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::new(dir.path().to_path_buf());
+    let preset = |name: &str, temperature: f64| Preset {
+        name: name.into(),
+        settings: ChatSettings {
+            system: format!("You are {name}."),
+            temperature: Some(temperature),
+            ..ChatSettings::default()
+        },
+    };
+    assert!(store.presets().list().unwrap().is_empty());
+    store.presets().put(preset("Precise", 0.2)).unwrap();
+    let all = store.presets().put(preset(" coder ", 0.1)).unwrap();
+    let names = |all: &[Preset]| all.iter().map(|p| p.name.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&all), ["coder", "Precise"], "trimmed, sorted by name");
+    // The same name, case aside, replaces.
+    let all = store.presets().put(preset("PRECISE", 0.3)).unwrap();
+    assert_eq!(names(&all), ["coder", "PRECISE"]);
+    assert_eq!(all[1].settings.temperature, Some(0.3));
+    let file = std::fs::read_to_string(dir.path().join(presets::FILE)).unwrap();
+    assert!(file.contains("\"temperature\": 0.3,"), "written as given: {file}");
+    // A new store over the folder reads the same; the file is no conversation.
+    let again = Store::new(dir.path().to_path_buf());
+    assert_eq!(again.presets().list().unwrap(), all);
+    let (chats, damaged) = again.list(None).unwrap();
+    assert!(chats.is_empty() && damaged.is_empty(), "{chats:?} {damaged:?}");
+    assert!(ConversationId::parse("presets").is_err());
+    // Refusals name the field.
+    for bad in ["", "   ", "a\u{7}b", &"x".repeat(61)] {
+        match store.presets().put(preset(bad, 1.0)) {
+            Err(PresetError::Invalid(i)) => assert_eq!(i.field, "name"),
+            other => panic!("{bad:?}: {other:?}"),
+        }
+    }
+    assert!(matches!(store.presets().delete("nope"), Err(PresetError::NotFound(_))));
+    assert_eq!(names(&store.presets().delete("Coder").unwrap()), ["PRECISE"]);
+    // A damaged file is reported and kept: a save does not write over it.
+    let file = dir.path().join(presets::FILE);
+    std::fs::write(&file, "{\"presets\": [{\"name\": \"x\", \"colour\": 1}]}").unwrap();
+    assert!(matches!(store.presets().list(), Err(PresetError::Damaged { .. })));
+    assert!(matches!(store.presets().put(preset("y", 1.0)), Err(PresetError::Damaged { .. })));
+    assert!(std::fs::read_to_string(&file).unwrap().contains("colour"));
+}

@@ -8,15 +8,16 @@ use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, put};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
 use super::error::ApiError;
 use super::AppHost;
+use crate::conversations::presets::{Preset, PresetError};
 use crate::conversations::{
-    markdown, Conversation, ConversationError, ConversationId, Store, MAX_FILE_BYTES,
+    markdown, ChatSettings, Conversation, ConversationError, ConversationId, Store, MAX_FILE_BYTES,
 };
 
 /// The prefix these routes answer under (the guard keeps them to Perch's own pages).
@@ -27,6 +28,8 @@ pub fn routes() -> Router<Arc<AppHost>> {
         .route(PREFIX, get(list))
         .route("/perch/conversations/export", get(export_all))
         .route("/perch/conversations/import", axum::routing::post(import))
+        .route("/perch/conversations/presets", get(presets))
+        .route("/perch/conversations/presets/{name}", put(save_preset).delete(remove_preset))
         .route("/perch/conversations/{id}", get(read).put(save).patch(rename).delete(remove))
         .route("/perch/conversations/{id}/export", get(export_one))
         // A conversation with its attachments, plus room for the JSON around it.
@@ -229,6 +232,64 @@ async fn import(State(host): State<Arc<AppHost>>, body: Bytes) -> Result<Respons
     let stored = blocking(move || store.import(list)).await?;
     let ids: Vec<_> = stored.iter().map(|c| json!({"id": c.id, "title": c.title})).collect();
     Ok((StatusCode::CREATED, Json(json!({"imported": ids}))).into_response())
+}
+
+// ---- Presets: named settings for a chat, shared by every window ----------------------
+
+fn preset_refusal(e: PresetError) -> ApiError {
+    let message = e.to_string();
+    match e {
+        PresetError::NotFound(_) => {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found_error", message)
+                .code("preset_not_found")
+        }
+        PresetError::Damaged { .. } => {
+            ApiError::new(StatusCode::CONFLICT, "invalid_request_error", message)
+                .code("presets_damaged")
+        }
+        PresetError::Invalid(i) => ApiError::invalid(&i.field, message),
+        PresetError::Io { .. } => {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+        }
+    }
+}
+
+async fn preset_call(
+    host: &AppHost,
+    f: impl FnOnce(&Store) -> Result<Vec<Preset>, PresetError> + Send + 'static,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let store = store(host)?;
+    let all = tokio::task::spawn_blocking(move || f(&store))
+        .await
+        .map_err(|_| stopped())?
+        .map_err(preset_refusal)?;
+    Ok(Json(json!({"presets": all})))
+}
+
+async fn presets(State(host): State<Arc<AppHost>>) -> Result<Json<serde_json::Value>, ApiError> {
+    preset_call(&host, |s| s.presets().list()).await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PresetBody {
+    settings: ChatSettings,
+}
+
+async fn save_preset(
+    State(host): State<Arc<AppHost>>,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let b: PresetBody = super::body::typed(&body)?;
+    preset_call(&host, move |s| s.presets().put(Preset { name, settings: b.settings })).await
+}
+
+async fn remove_preset(
+    State(host): State<Arc<AppHost>>,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    preset_call(&host, move |s| s.presets().delete(&name)).await
 }
 
 /// Run a store call off the async threads (it reads and syncs files).
