@@ -1,6 +1,6 @@
 // The chat page's costs (run by scripts/bench-ui, not a test): see that script's header.
 // Usage: node bench-ui.mjs URL DIST_DIR
-import { chromium } from "playwright-core";
+import { launch } from "./chromium.mjs";
 import fs from "node:fs";
 import path from "node:path";
 import zlib from "node:zlib";
@@ -33,7 +33,7 @@ out({ figure: "bundle", bytes: raw, gzip_bytes: gz });
 for (let i = 0; i < 200; i++) await put(chat(`c${String(i).padStart(3, "0")}`, 10));
 await put(chat("long50", 50));
 
-const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || "/usr/bin/chromium", headless: true, args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--enable-precise-memory-info"] });
+const browser = await launch(["--enable-precise-memory-info"]);
 const context = await browser.newContext({ viewport: { width: 1100, height: 760 } });
 const page = await context.newPage();
 

@@ -1,7 +1,7 @@
 // Perch's UI in a real browser: Debian's chromium, headless, driven by playwright-core,
 // against an engine serving the UI with a fixture model (engine/tests/ui_browser.rs starts
 // it). Usage: node browser.mjs URL CONFIG_FILE ARTIFACT_DIR
-import { chromium } from "playwright-core";
+import { launch } from "./chromium.mjs";
 import fs from "node:fs";
 import path from "node:path";
 import assert from "node:assert/strict";
@@ -13,11 +13,7 @@ fs.rmSync(path.join(artifacts, "failure.png"), { force: true }); // from an earl
 const shot = (page, name) => page.screenshot({ path: path.join(artifacts, name), fullPage: true });
 const step = (s) => console.log(`[ui] ${s}`);
 
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  headless: true,
-  args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
-});
+const browser = await launch();
 const context = await browser.newContext({ viewport: { width: 1100, height: 760 } });
 const page = await context.newPage();
 const errors = [];

@@ -3,7 +3,7 @@
 // stored as a conversation through the engine's API and opened in the chat, the path every
 // answer takes. Fails if any script runs, any dialog opens, anything is loaded from
 // elsewhere, or the page stops answering. Usage: node hostile.mjs URL ARTIFACT_DIR
-import { chromium } from "playwright-core";
+import { launch } from "./chromium.mjs";
 import assert from "node:assert/strict";
 import path from "node:path";
 import fs from "node:fs";
@@ -49,11 +49,7 @@ const corpus = [
   nested,
 ];
 
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  headless: true,
-  args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
-});
+const browser = await launch();
 const page = await (await browser.newContext({ viewport: { width: 1100, height: 760 } })).newPage();
 const errors = [];
 const dialogs = [];

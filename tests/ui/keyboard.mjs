@@ -2,7 +2,7 @@
 // (new chat, send, search, regenerate, stop), the Tab order through the chat view, a visible
 // focus ring, and every control on every page named in Chromium's accessibility tree (what
 // VoiceOver and Orca are given). Usage: node keyboard.mjs URL ARTIFACT_DIR
-import { chromium } from "playwright-core";
+import { launch } from "./chromium.mjs";
 import assert from "node:assert/strict";
 import path from "node:path";
 import fs from "node:fs";
@@ -11,11 +11,7 @@ const [url, artifacts] = process.argv.slice(2);
 fs.mkdirSync(artifacts, { recursive: true });
 const step = (s) => console.log(`[keyboard] ${s}`);
 
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  headless: true,
-  args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"],
-});
+const browser = await launch();
 const page = await (await browser.newContext({ viewport: { width: 1100, height: 760 } })).newPage();
 const errors = [];
 page.on("pageerror", (e) => errors.push(String(e)));
