@@ -70,6 +70,10 @@ struct Running {
 pub struct Manager {
     path: PathBuf,
     running: Mutex<HashMap<String, Arc<Running>>>,
+    /// One start at a time per server; different servers start side by side.
+    starting: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// Raised by `stop_all`: a start that began before it does not keep its server.
+    generation: std::sync::atomic::AtomicU64,
     start_timeout: Duration,
     call_timeout: Duration,
 }
@@ -84,6 +88,8 @@ impl Manager {
         Manager {
             path,
             running: Mutex::new(HashMap::new()),
+            starting: Mutex::new(HashMap::new()),
+            generation: std::sync::atomic::AtomicU64::new(0),
             start_timeout: start,
             call_timeout: call,
         }
@@ -104,6 +110,7 @@ impl Manager {
 
     /// Stop every server (their spec changed, or the app quits).
     pub async fn stop_all(&self) {
+        self.generation.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let all: Vec<_> = self.running.lock().await.drain().map(|(_, r)| r).collect();
         for r in all {
             if let Ok(r) = Arc::try_unwrap(r) {
@@ -116,12 +123,14 @@ impl Manager {
     /// reported beside the tools of the others.
     pub async fn tools(&self) -> Result<(Vec<ToolInfo>, Vec<McpError>), McpError> {
         let config = self.config()?;
+        // Side by side: the first chat with tools waits for the slowest server, not the sum.
+        let enabled = config.servers.iter().filter(|(_, spec)| !spec.disabled);
+        let started =
+            futures_util::future::join_all(enabled.map(|(name, _)| self.server(name, &config)))
+                .await;
         let (mut tools, mut errors) = (vec![], vec![]);
-        for (name, spec) in &config.servers {
-            if spec.disabled {
-                continue;
-            }
-            match self.server(name, &config).await {
+        for r in started {
+            match r {
                 Ok(r) => tools.extend(r.tools.iter().cloned()),
                 Err(e) => errors.push(e),
             }
@@ -171,10 +180,19 @@ impl Manager {
         if spec.disabled {
             return Err(McpError::Disabled(name.into()));
         }
-        let mut running = self.running.lock().await;
-        if let Some(r) = running.get(name).filter(|r| !r.client.is_closed()) {
-            return Ok(r.clone());
+        let live = |running: &HashMap<String, Arc<Running>>| {
+            running.get(name).filter(|r| !r.client.is_closed()).cloned()
+        };
+        if let Some(r) = live(&*self.running.lock().await) {
+            return Ok(r);
         }
+        let slot = self.starting.lock().await.entry(name.to_string()).or_default().clone();
+        let _one = slot.lock().await;
+        // Started by another caller while this one waited.
+        if let Some(r) = live(&*self.running.lock().await) {
+            return Ok(r);
+        }
+        let generation = self.generation.load(std::sync::atomic::Ordering::SeqCst);
         let start_err = |why: String| McpError::Start { server: name.into(), why };
         let transport = spec.transport(name)?;
         let started = tokio::time::timeout(self.start_timeout, start(transport)).await;
@@ -211,6 +229,13 @@ impl Manager {
             })
             .collect();
         tracing::info!(server = name, "MCP server started");
+        let mut running = self.running.lock().await;
+        if self.generation.load(std::sync::atomic::Ordering::SeqCst) != generation {
+            // Stopped (the file changed, or the app quits) while it started.
+            drop(running);
+            let _ = tokio::time::timeout(Duration::from_secs(5), client.cancel()).await;
+            return Err(start_err("stopped while starting".into()));
+        }
         let r = Arc::new(Running { client, tools });
         running.insert(name.to_string(), r.clone());
         Ok(r)
