@@ -120,20 +120,28 @@ def proxy(upstream_port: int, recorder: Recorder) -> ThreadingHTTPServer:
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             seen = b""
-            while True:
-                chunk = r.read1(65536)
-                if not chunk:
-                    break
-                seen += chunk
-                if ex.first_token is None:
-                    text = chunk.decode("utf-8", "replace").replace('": "', '":"').replace('": [', '":[')
-                    for e in EMPTY:
-                        text = text.replace(e, "")
-                    if any(g in text for g in GENERATED):
-                        ex.first_token = time.time()
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                self.wfile.flush()
-            self.wfile.write(b"0\r\n\r\n")
+            try:
+                while True:
+                    chunk = r.read1(65536)
+                    if not chunk:
+                        break
+                    seen += chunk
+                    if ex.first_token is None:
+                        text = chunk.decode("utf-8", "replace").replace('": "', '":"').replace('": [', '":[')
+                        for e in EMPTY:
+                            text = text.replace(e, "")
+                        if any(g in text for g in GENERATED):
+                            ex.first_token = time.time()
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError as e:
+                # The agent hung up mid-answer (its own timeout, a cancel): recorded, and the
+                # upstream connection closed so the server cancels that generation too.
+                ex.error, ex.ended = f"client closed: {e}", time.time()
+                conn.close()
+                self.close_connection = True
+                return
             ex.ended = time.time()
             if ex.first_token is None and ex.status == 200:
                 ex.first_token = ex.ended
@@ -267,6 +275,7 @@ def run_task(server, upstream_port, model, agent, task, recorder, proxy_port, ti
         "server": server, "agent": agent, "task": task.name, "done": ok, "check": why,
         "wall_s": round(wall, 1), "exit": rc, "requests": len(gen),
         "errors": [f"{e.status} {e.path} {e.error[:160]}" for e in ex if e.status >= 400],
+        "hangups": sum(e.error.startswith("client closed") for e in ex),
         "prompt_tokens": sum(e.prompt_tokens for e in ex), "cached_tokens": sum(e.cached_tokens for e in ex),
         "ttft_s_mean": round(sum(ttfts) / len(ttfts), 2) if ttfts else None,
         "ttft_s_first": round(ttfts[0], 2) if ttfts else None,
