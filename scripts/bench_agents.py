@@ -95,6 +95,14 @@ def proxy(upstream_port: int, recorder: Recorder) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
+        def handle(self):
+            # An agent closing its idle keep-alive connection with a reset is not an error of
+            # any request: it only printed a traceback here.
+            try:
+                super().handle()
+            except ConnectionResetError:
+                pass
+
         def log_message(self, *a):
             pass
 

@@ -104,3 +104,52 @@ async fn a_long_prefill_streams_keep_alive_comments() {
     );
     assert!(text.trim_end().ends_with("data: [DONE]"));
 }
+
+/// Claude Code opens `system` with a billing line whose hashes change with every request. It
+/// is not the model's to read, and left in it made every request's prompt differ from its
+/// first few tokens, so Claude Code's long system prompt was prefilled again each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_codes_billing_line_neither_reaches_the_model_nor_splits_the_cache() {
+    let s = serve(engine_config(&fixtures_models(), "qwen3"), ServeConfig::default()).await;
+    let system = "You are a careful assistant who answers in short sentences. ".repeat(20);
+    let billing = |cch: &str| {
+        format!("x-anthropic-billing-header: cc_version=2.1.197.{cch}; cc_entrypoint=sdk-cli; cch={cch}a1;")
+    };
+    let ask = |system: Value, question: &str| {
+        json!({"model": "qwen3", "max_tokens": 4, "temperature": 0, "system": system,
+               "messages": [{"role": "user", "content": question}]})
+    };
+    let blocks = |cch: &str| {
+        json!([{"type": "text", "text": billing(cch)},
+               {"type": "text", "text": system, "cache_control": {"type": "ephemeral"}}])
+    };
+    let server = &s;
+    let count = |mut body: Value| async move {
+        let body_fields = body.as_object_mut().unwrap();
+        body_fields.remove("max_tokens");
+        body_fields.remove("temperature");
+        let (st, r) = post(server, "/v1/messages/count_tokens", body).await;
+        assert_eq!(st, 200, "{r}");
+        r["input_tokens"].as_u64().unwrap()
+    };
+    let plain = count(ask(json!(system), "Name a bird.")).await;
+    assert_eq!(
+        count(ask(blocks("4f1"), "Name a bird.")).await,
+        plain,
+        "the billing block is not prompt"
+    );
+    let as_string = json!(format!("{}\n{system}", billing("07e")));
+    assert_eq!(
+        count(ask(as_string, "Name a bird.")).await,
+        plain,
+        "nor the billing line of a string"
+    );
+
+    let (st, a) = post(&s, "/v1/messages", ask(blocks("4f1"), "Name a bird.")).await;
+    assert_eq!(st, 200, "{a}");
+    let (st, b) = post(&s, "/v1/messages", ask(blocks("9c3"), "Name a fish.")).await;
+    assert_eq!(st, 200, "{b}");
+    let read = b["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+    let prompt = read + b["usage"]["input_tokens"].as_u64().unwrap();
+    assert!(read > 150, "the second request reused {read} of its {prompt} prompt tokens");
+}

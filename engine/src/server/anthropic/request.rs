@@ -243,12 +243,31 @@ fn text_of(v: &Value, at: &str) -> Result<String, ApiError> {
     }
 }
 
+/// The line Claude Code puts first in `system`: `x-anthropic-billing-header: cc_version=…;
+/// cc_entrypoint=…; cch=…;`. It is addressed to Anthropic's billing, not to the model, and
+/// its hashes change with the request's content: left in, every request's prompt differed
+/// from about its 20th token, so the prefix cache never served Claude Code's 10k-token system
+/// prompt (seen with `scripts/bench-agents`: 21 of 9,905 prompt tokens reused, 231 s to the
+/// first token). vllm-mlx and Claude Code routers drop it too.
+const BILLING_LINE: &str = "x-anthropic-billing-header:";
+
+/// `system` without Claude Code's billing line (docs/anthropic.md).
+fn without_billing_line(text: String) -> String {
+    if !text.contains(BILLING_LINE) {
+        return text;
+    }
+    let kept: String =
+        text.split_inclusive('\n').filter(|l| !l.starts_with(BILLING_LINE)).collect();
+    tracing::debug!("system: dropped Claude Code's billing line, which changes with every request");
+    kept
+}
+
 /// `system`: a string or text blocks, as the conversation's first message.
 fn system(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {
     Ok(match v {
         None => vec![],
         Some(v) => {
-            let text = text_of(v, "system")?;
+            let text = without_billing_line(text_of(v, "system")?);
             if text.is_empty() {
                 vec![]
             } else {
