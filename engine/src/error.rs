@@ -63,6 +63,14 @@ pub enum EngineError {
     #[error("preparing the prompt (chat template, tokenizer) took longer than {0} s")]
     PrepareDeadline(u64),
 
+    /// A sharded model's group could not be formed or a rank refused its part.
+    #[error("shard group: {0}")]
+    ShardSetup(String),
+
+    /// A rank of a sharded model is gone: nothing more is served until the group restarts.
+    #[error("the sharded model is unavailable: {0}")]
+    ShardLost(String),
+
     /// A broken invariant inside the engine (a bug, not bad input).
     #[error("internal error: {0}")]
     Internal(String),

@@ -22,6 +22,7 @@ pub mod prefix_cache;
 pub mod private_files;
 pub mod runtime;
 pub mod server;
+pub mod shard;
 pub mod supervisor;
 pub mod sync;
 pub mod tokenizer;

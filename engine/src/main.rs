@@ -163,6 +163,17 @@ enum Command {
         /// `claude-*=default` and `gpt-*=default`).
         #[arg(long, value_name = "PATTERN=MODEL")]
         model_alias: Vec<String>,
+        /// Run the model split by layers over several processes, one per line of this MLX
+        /// ring hostfile (JSON: one list of "ip:port" per rank); needs --rank. Rank 0 serves
+        /// the API; the others only run their layers (docs/sharding.md).
+        #[arg(long, requires = "rank")]
+        hostfile: Option<PathBuf>,
+        /// This process's rank in --hostfile.
+        #[arg(long, requires = "hostfile")]
+        rank: Option<usize>,
+        /// Seconds forming the group may wait for every rank before giving up.
+        #[arg(long, default_value_t = 120.0)]
+        join_timeout: f64,
     },
     /// Import a GGUF file as an installed model (MLX layout), or install a model folder
     /// (a sentence encoder in the sentence-transformers layout) as it is.
@@ -416,11 +427,33 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             prefix_cache_disk_mb,
             prefix_cache_dir,
             model_alias,
+            hostfile,
+            rank,
+            join_timeout,
         } => {
             use perch_engine::runtime::{Engine, EngineConfig};
             use perch_engine::server::{ServeConfig, Server};
             let spec = model.unwrap_or_else(|| DEFAULT_MODEL_ID.to_string());
-            model::resolve(&spec, &dir).map_err(|e| not_installed(e, &dir))?;
+            let model_dir = model::resolve(&spec, &dir).map_err(|e| not_installed(e, &dir))?;
+            anyhow::ensure!(
+                join_timeout.is_finite() && (1.0..=86_400.0).contains(&join_timeout),
+                "--join-timeout must be 1 to 86400 seconds, not {join_timeout}"
+            );
+            let shard = match (hostfile, rank) {
+                (Some(hostfile), Some(rank)) => Some(perch_engine::shard::ShardConfig {
+                    hostfile,
+                    rank,
+                    join_timeout: std::time::Duration::from_secs_f64(join_timeout),
+                }),
+                _ => None,
+            };
+            if let Some(shard) = shard.as_ref().filter(|s| s.rank > 0) {
+                // A rank after 0 serves no API: it runs its layers until rank 0 leaves.
+                let dtype = perch_engine::platform::ComputeDtype::Auto;
+                perch_engine::shard::worker::run(shard, &model_dir, dtype)?;
+                eprintln!("perch: rank 0 left; rank {} stops", shard.rank);
+                return Ok(());
+            }
             let mut config = EngineConfig {
                 models_dir: dir.clone(),
                 model: spec,
@@ -429,6 +462,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 max_batch: parallel,
                 step_tokens,
                 max_tokens_cap,
+                shard,
                 ..Default::default()
             };
             anyhow::ensure!(
@@ -505,9 +539,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 },
                 ..Default::default()
             };
+            let engine = std::sync::Arc::new(engine);
             let rt = tokio::runtime::Runtime::new()?;
-            rt.block_on(async move {
-                let server = Server::start(std::sync::Arc::new(engine), config).await?;
+            rt.block_on(async {
+                let server = Server::start(engine.clone(), config).await?;
                 let id =
                     server.app().and_then(|a| a.engine.loaded()).map(|m| m.id).unwrap_or_default();
                 eprintln!("perch: serving {id} at {}/v1", server.url());
@@ -517,6 +552,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 server.run_until_signal().await;
                 anyhow::Ok(())
             })?;
+            engine.leave_shard_group();
         }
         Command::Models { json } => {
             // Installed models and, in place, the Hugging Face cache's.

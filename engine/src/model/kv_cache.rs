@@ -10,6 +10,7 @@ use mlx_rs::ops::{self, concatenate, zeros_dtype};
 use mlx_rs::{Array, Dtype};
 
 use super::recurrent_state::RecurrentState;
+use super::remote::RemoteSlot;
 use crate::error::Result;
 
 /// Positions added per growth step (as mlx-lm's KVCache).
@@ -45,6 +46,9 @@ pub struct KvCache {
     own: AtomicBool,
     /// A linear-attention layer's state, which it holds instead of keys and values.
     recurrent: Option<Box<RecurrentState>>,
+    /// A layer another rank runs: its keys and values live there, under this slot
+    /// (`model::remote`); here only `offset` is kept.
+    remote: Option<RemoteSlot>,
 }
 
 impl Clone for KvCache {
@@ -58,6 +62,7 @@ impl Clone for KvCache {
             stored: self.stored,
             own: AtomicBool::new(false),
             recurrent: self.recurrent.clone(),
+            remote: self.remote.clone(),
         }
     }
 }
@@ -336,6 +341,11 @@ impl KvCache {
     /// this and can roll back no further than they reach.
     pub fn trim(&mut self, n: i32) -> i32 {
         let mut n = n.clamp(0, self.offset);
+        if let Some(r) = &self.remote {
+            r.trimmed(n);
+            self.offset -= n;
+            return n;
+        }
         if let Some(r) = &mut self.recurrent {
             n = r.trim(n);
             self.offset -= n;
@@ -393,7 +403,27 @@ impl KvCache {
             stored: ring.map_or(0, |r| r.1),
             own: AtomicBool::new(false),
             recurrent: None,
+            remote: None,
         }
+    }
+
+    /// This remote layer's slot, given one (from `book`, for `layer`) at its first use.
+    pub fn remote_slot(
+        &mut self,
+        layer: u32,
+        book: &std::sync::Arc<super::remote::SlotBook>,
+    ) -> u32 {
+        self.remote.get_or_insert_with(|| RemoteSlot::new(layer, book)).slot
+    }
+
+    /// A remote layer took `n` more positions.
+    pub fn advance_remote(&mut self, n: i32) {
+        self.offset += n;
+    }
+
+    /// Whether another rank holds this layer's keys and values (nothing here to save).
+    pub fn is_remote(&self) -> bool {
+        self.remote.is_some()
     }
 
     /// Arrays to evaluate so the cache holds computed data (used between prefill chunks).

@@ -15,6 +15,7 @@ use super::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::model::kv_cache::{AttentionMask, KvCache};
 use crate::model::lora::{layer_of, LayerLora, Lora, ProjectionDims, Target};
+use crate::model::remote::RemoteLayers;
 
 pub struct RmsNorm {
     weight: Array,
@@ -542,6 +543,8 @@ pub struct DecoderStack {
     /// `None` when the head is tied to the embeddings.
     pub lm_head: Option<Linear>,
     pub dims: ProjectionDims,
+    /// The layers after `blocks`, when other ranks run them (pipeline sharding).
+    pub remote: Option<std::sync::Arc<dyn RemoteLayers>>,
 }
 
 impl DecoderStack {
@@ -557,6 +560,14 @@ impl DecoderStack {
         for (i, block) in self.blocks.iter().enumerate() {
             let mut layer = layer_caches(seqs, i);
             h = block.forward(&h, &mut layer, lens, layer_of(lora, i))?;
+        }
+        if let Some(remote) = &self.remote {
+            if lora.is_some() {
+                return Err(EngineError::InvalidRequest(
+                    "adapters do not run on a model sharded over several processes".into(),
+                ));
+            }
+            h = remote.forward(&h, seqs, lens)?;
         }
         self.norm.forward(&h)
     }
@@ -645,7 +656,7 @@ impl super::Architecture for DecoderStack {
     }
 
     fn num_layers(&self) -> usize {
-        self.blocks.len()
+        self.blocks.len() + self.remote.as_ref().map_or(0, |r| r.count())
     }
 }
 
@@ -653,13 +664,33 @@ impl DecoderStack {
     /// Load `model.embed_tokens`, `model.layers.N.*`, `model.norm` and `lm_head` (absent when
     /// the embeddings are tied).
     pub fn load(cfg: &ModelConfig, w: &mut Weights, s: &StackShape) -> Result<DecoderStack> {
+        DecoderStack::load_ends(cfg, w, s, None)
+    }
+
+    /// `load`, holding only the layers before `remote.first()` when other ranks run the rest
+    /// (their weights are dropped unread).
+    pub fn load_ends(
+        cfg: &ModelConfig,
+        w: &mut Weights,
+        s: &StackShape,
+        remote: Option<std::sync::Arc<dyn RemoteLayers>>,
+    ) -> Result<DecoderStack> {
         let hidden = s.attention.hidden;
         let embed = Embedding::load(w, cfg, "model.embed_tokens", s.vocab, hidden)?;
-        let mut blocks = Vec::with_capacity(s.layers as usize);
-        for i in 0..s.layers {
-            let p = format!("model.layers.{i}");
-            blocks.push(PreNormBlock::load(cfg, w, &p, s)?);
+        let local = remote.as_ref().map_or(s.layers as usize, |r| r.first());
+        if let Some(r) = &remote {
+            if local + r.count() != s.layers as usize {
+                return Err(cfg.err(format!(
+                    "the shard plan covers {} layers, the model has {}",
+                    local + r.count(),
+                    s.layers
+                )));
+            }
+            for i in local..s.layers as usize {
+                w.remove_prefixed(&format!("model.layers.{i}."));
+            }
         }
+        let blocks = load_blocks(cfg, w, s, 0..local)?;
         let norm = RmsNorm::load(w, "model.norm", hidden, s.norm_eps)?;
         let tied = match cfg.raw.get("tie_word_embeddings").and_then(|v| v.as_bool()) {
             Some(tied) => tied,
@@ -675,12 +706,22 @@ impl DecoderStack {
         };
         let a = &s.attention;
         let dims = ProjectionDims {
-            layers: blocks.len(),
+            layers: s.layers as usize,
             hidden,
             q_out: a.heads * a.head_dim,
             kv_out: a.kv_heads * a.head_dim,
             intermediate: s.intermediate,
         };
-        Ok(DecoderStack { embed, blocks, norm, lm_head, dims })
+        Ok(DecoderStack { embed, blocks, norm, lm_head, dims, remote })
     }
+}
+
+/// Layers `range` of a Llama-family stack (a rank of a sharded model holds only its own).
+pub fn load_blocks(
+    cfg: &ModelConfig,
+    w: &mut Weights,
+    s: &StackShape,
+    range: std::ops::Range<usize>,
+) -> Result<Vec<PreNormBlock>> {
+    range.map(|i| PreNormBlock::load(cfg, w, &format!("model.layers.{i}"), s)).collect()
 }

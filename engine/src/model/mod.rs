@@ -22,6 +22,7 @@ pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_5;
 pub mod recurrent_state;
+pub mod remote;
 pub mod weights;
 
 use std::collections::HashMap;
@@ -307,9 +308,43 @@ pub fn load_model(dir: &Path) -> Result<LoadedModel> {
     load_model_as(dir, ComputeDtype::Auto)
 }
 
+/// Which part of a model this process holds (pipeline sharding, `crate::shard`).
+#[derive(Clone)]
+pub enum ModelPart {
+    Whole,
+    /// Embeddings, the layers before `remote.first()`, the final norm, the head and any MTP
+    /// head; `remote` runs the other layers.
+    Ends(std::sync::Arc<dyn remote::RemoteLayers>),
+}
+
+impl ModelPart {
+    /// Names this part in the host-copy store, so each part keeps a file of its own.
+    fn store_tag(&self) -> Option<String> {
+        match self {
+            ModelPart::Whole => None,
+            ModelPart::Ends(r) => Some(format!("ends {} +{}", r.first(), r.count())),
+        }
+    }
+}
+
+/// The shape of a Llama-family stack (`None` for the architectures shaped otherwise).
+pub fn stack_shape(cfg: &ModelConfig, architecture: &str) -> Result<Option<layers::StackShape>> {
+    Ok(match architecture {
+        "llama" => Some(llama::shape(cfg)?),
+        "qwen2" => Some(qwen2::shape(cfg)?),
+        "qwen3" => Some(qwen3::shape(cfg)?),
+        _ => None,
+    })
+}
+
 /// `load_model`, computing in `dtype`.
 pub fn load_model_as(dir: &Path, dtype: ComputeDtype) -> Result<LoadedModel> {
-    let (model, recovered_and_saved) = load_once(dir, dtype)?;
+    load_model_part(dir, dtype, &ModelPart::Whole)
+}
+
+/// `load_model_as`, holding only `part` of the model.
+pub fn load_model_part(dir: &Path, dtype: ComputeDtype, part: &ModelPart) -> Result<LoadedModel> {
+    let (model, recovered_and_saved) = load_once(dir, dtype, part)?;
     if !recovered_and_saved {
         return Ok(model);
     }
@@ -326,28 +361,32 @@ pub fn load_model_as(dir: &Path, dtype: ComputeDtype) -> Result<LoadedModel> {
     unsafe {
         libc::malloc_trim(0);
     }
-    let (again, _) = load_once(dir, dtype)?;
+    let (again, _) = load_once(dir, dtype, part)?;
     Ok(LoadedModel { host_copies: counts, ..again })
 }
 
 /// One load; also says whether it recovered host copies and wrote them to disk.
-fn load_once(dir: &Path, dtype: ComputeDtype) -> Result<(LoadedModel, bool)> {
+fn load_once(dir: &Path, dtype: ComputeDtype, part: &ModelPart) -> Result<(LoadedModel, bool)> {
     let cfg = ModelConfig::read(dir)?;
     let architecture = cfg.str("model_type")?.to_string();
     // The tokenizer first: parsing a large tokenizer.json (Gemma's 262k vocabulary) briefly
     // takes more memory than it keeps, and that peak should not sit on top of the weights.
     let tokenizer = std::sync::Arc::new(Tokenizer::load(dir, &cfg.token_ids("eos_token_id"))?);
-    let mut weights = Weights::load(dir, dtype)?;
-    let stack_shape = match architecture.as_str() {
-        "llama" => Some(llama::shape(&cfg)?),
-        "qwen2" => Some(qwen2::shape(&cfg)?),
-        "qwen3" => Some(qwen3::shape(&cfg)?),
-        _ => None,
+    let mut weights = Weights::load_part(dir, dtype, part.store_tag())?;
+    let stack_shape = stack_shape(&cfg, &architecture)?;
+    if let (ModelPart::Ends(_), None) = (part, &stack_shape) {
+        return Err(EngineError::InvalidRequest(format!(
+            "a `{architecture}` model runs in one process: sharding runs llama, qwen2 and qwen3"
+        )));
+    }
+    let remote = match part {
+        ModelPart::Whole => None,
+        ModelPart::Ends(r) => Some(r.clone()),
     };
     let (net, mtp): (Box<dyn Architecture>, Option<mtp::MtpHead>) =
         match (architecture.as_str(), &stack_shape) {
             (_, Some(shape)) => {
-                let stack = layers::DecoderStack::load(&cfg, &mut weights, shape)?;
+                let stack = layers::DecoderStack::load_ends(&cfg, &mut weights, shape, remote)?;
                 (Box::new(stack), mtp::MtpHead::load(&cfg, &mut weights, shape)?)
             }
             ("gemma3_text", None) => (Box::new(gemma3_text::load(&cfg, &mut weights)?), None),

@@ -25,6 +25,13 @@ pub struct Weights {
 impl Weights {
     /// Load every safetensors file of `dir` (following `model.safetensors.index.json` when present).
     pub fn load(dir: &Path, dtype: ComputeDtype) -> Result<Weights> {
+        Weights::load_part(dir, dtype, None)
+    }
+
+    /// `load` for a process that holds only part of the model (`part` names it, so its host
+    /// copies are stored apart from the whole model's); MLX reads a tensor only when it is
+    /// used, so the parts left alone cost no memory.
+    pub fn load_part(dir: &Path, dtype: ComputeDtype, part: Option<String>) -> Result<Weights> {
         let files = weight_files(dir)?;
         let mut tensors = HashMap::new();
         for file in &files {
@@ -41,7 +48,7 @@ impl Weights {
             .find(|d| matches!(d, Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32))
             .unwrap_or(Dtype::Float32);
         let compute_dtype = dtype.resolve(file_dtype);
-        let host = HostStore::open(dir, &files, compute_dtype);
+        let host = HostStore::open(dir, &files, compute_dtype, part.as_deref());
         Ok(Weights { tensors, dir: dir.to_path_buf(), compute_dtype, host })
     }
 
@@ -75,6 +82,11 @@ impl Weights {
         let before = self.tensors.len();
         self.tensors.retain(|name, _| !name.starts_with(prefix));
         before - self.tensors.len()
+    }
+
+    /// Bytes of the tensors as stored whose names pass `keep` (read from their shapes).
+    pub fn stored_bytes(&self, keep: impl Fn(&str) -> bool) -> u64 {
+        self.tensors.iter().filter(|(n, _)| keep(n)).map(|(_, (a, _))| a.nbytes() as u64).sum()
     }
 
     /// A tensor's shape as stored, without taking it.

@@ -245,6 +245,11 @@ impl DiskTier {
     /// itself), and one that finds the writer's queue full is dropped (counted in
     /// `disk_skipped`): the answer's path never waits on the disk.
     pub fn store(&mut self, key: &CacheKey, state: &KvState) {
+        // A sharded model's other ranks hold most of its layers: there is nothing here to
+        // write that would restore them.
+        if state.layers.iter().any(|c| c.is_remote()) {
+            return;
+        }
         let f32_bytes: u64 = state
             .layers
             .iter()

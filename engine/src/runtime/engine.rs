@@ -20,7 +20,7 @@ use crate::decode::constraint::Grammars;
 use crate::decode::{AdapterRef, DraftMode, DraftSetting};
 use crate::error::{EngineError, Result};
 use crate::model::encoder::Encoder;
-use crate::model::{load_model_as, LoadedModel, ModelConfig, ModelKind};
+use crate::model::{load_model_part, LoadedModel, ModelConfig, ModelKind, ModelPart};
 use crate::platform::ComputeDtype;
 use crate::prefix_cache::{PrefixCacheConfig, PrefixStats};
 use crate::sync::{LockExt, RwLockExt};
@@ -66,6 +66,8 @@ pub struct EngineConfig {
     /// object, another family's markup) are read back as calls when they are valid calls of
     /// an offered tool (docs/api-fields.md, "Tool calls").
     pub tool_call_recovery: bool,
+    /// Run `model` split over the processes of a group, this one rank 0 (docs/sharding.md).
+    pub shard: Option<crate::shard::ShardConfig>,
 }
 
 impl EngineConfig {
@@ -99,6 +101,7 @@ impl Default for EngineConfig {
             model_aliases: super::ModelAliases::new(super::model_ref::ModelAliases::defaults())
                 .unwrap_or_default(),
             tool_call_recovery: true,
+            shard: None,
         }
     }
 }
@@ -203,6 +206,8 @@ pub struct Engine {
     observer: RwLock<Option<Arc<dyn TurnObserver>>>,
     /// The last finished turn, for the tray and /health.
     pub(super) last_turn: Mutex<Option<LastTurn>>,
+    /// The group a sharded model runs on (`config.shard`), with the model's directory.
+    shard: Option<(Arc<crate::shard::Link>, PathBuf)>,
 }
 
 impl Engine {
@@ -226,7 +231,7 @@ impl Engine {
         };
         let prefix = Arc::new(PrefixStats::default());
         let batch = Arc::new(super::batch::BatchStats::default());
-        let engine = Engine {
+        let mut engine = Engine {
             gate: Arc::new(Gate::new(config.max_queue, config.max_batch)),
             foreground: Arc::new(Foreground::new()),
             leases: Leases::new(),
@@ -251,11 +256,19 @@ impl Engine {
             ladder: Mutex::new(WarmupLadder::disabled()),
             observer: RwLock::new(None),
             last_turn: Mutex::new(None),
+            shard: None,
             config,
         };
         let (draft, dtype) = (engine.config.draft, engine.config.compute_dtype);
+        if let Some(shard) = engine.config.shard.clone() {
+            // Formed on the MLX thread: it sends arrays, and the model's passes will too.
+            let at = dir.clone();
+            let link = engine.mlx.run(move |_| crate::shard::Link::form(&shard, &at, dtype))?;
+            engine.shard = Some((link, dir.clone()));
+        }
+        let part = engine.part_for(&dir);
         let info = engine.mlx.run(move |w| {
-            let mut model = load_model_as(&dir, dtype)?;
+            let mut model = load_model_part(&dir, dtype, &part)?;
             model.id = id;
             let info = ModelInfo { draft: draft.mode(&model), ..info_of(&model) };
             w.models.insert(model.id.clone(), model);
@@ -263,6 +276,31 @@ impl Engine {
         })?;
         engine.publish(engine.capped(info));
         Ok(engine)
+    }
+
+    /// The part of the model in `dir` this process holds: the ends, when it is the sharded
+    /// model (its other layers stay loaded on the other ranks however often it reloads here).
+    fn part_for(&self, dir: &Path) -> ModelPart {
+        match &self.shard {
+            Some((link, at)) if at == dir => ModelPart::Ends(link.clone()),
+            _ => ModelPart::Whole,
+        }
+    }
+
+    /// The sharded model's group, for /health.
+    pub fn shard_health(&self) -> Option<crate::shard::ShardHealth> {
+        self.shard.as_ref().map(|(link, _)| link.health())
+    }
+
+    /// Tell the other ranks of a sharded model that this one is stopping.
+    pub fn leave_shard_group(&self) {
+        if let Some((link, _)) = &self.shard {
+            let link = link.clone();
+            let _ = self.mlx.run(move |_| {
+                link.leave();
+                Ok(())
+            });
+        }
     }
 
     /// Tell `observer` of every user turn and unload from now on (one at a time).
@@ -506,6 +544,7 @@ impl Engine {
         let dir = info.dir.clone();
         let (model_id, draft) = (id.to_string(), self.config.draft);
         let dtype = self.config.compute_dtype;
+        let part = self.part_for(&dir);
         let rx = self.mlx.submit(move |w| {
             if let ModelKind::Embedding(_) = info.kind {
                 let mut encoder = Encoder::load(&dir, dtype)?;
@@ -516,7 +555,7 @@ impl Engine {
             // A model's weights need the memory more than cached prompts do: the prefix
             // cache gives its RAM back first (its disk tier stays).
             w.prefix.clear_ram();
-            let mut model = load_model_as(&dir, dtype)?;
+            let mut model = load_model_part(&dir, dtype, &part)?;
             model.id = model_id;
             let info = ModelInfo { draft: draft.mode(&model), ..info_of(&model) };
             w.models.insert(model.id.clone(), model);

@@ -117,8 +117,13 @@ fn step_all(w: &mut Worker) {
                 rows.prefilled += r.prefilled;
             }
             Err(e) => {
-                let msg = e.to_string();
-                failed.extend(members.iter().map(|&i| (i, EngineError::Internal(msg.clone()))));
+                // Each member gets the step's error; a lost shard rank stays itself (a 503
+                // the client may retry later), anything else is the engine's fault.
+                let each = |e: &EngineError| match e {
+                    EngineError::ShardLost(why) => EngineError::ShardLost(why.clone()),
+                    other => EngineError::Internal(other.to_string()),
+                };
+                failed.extend(members.iter().map(|&i| (i, each(&e))));
             }
         }
     }

@@ -110,6 +110,12 @@ impl ApiError {
             // Only a list of token ids can hold an id outside the vocabulary.
             EngineError::TokenOutOfVocabulary { .. } => ApiError::invalid("prompt", e.to_string()),
             EngineError::Busy(queued) => ApiError::busy(*queued),
+            // A lost rank is the server's state, not the request's fault; a client may retry
+            // once the group is restarted.
+            EngineError::ShardLost(_) => ApiError {
+                code: Some("shard_unavailable"),
+                ..ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", e.to_string())
+            },
             other => {
                 tracing::error!(error = %other, "engine error");
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", other.to_string())

@@ -19,7 +19,8 @@ pub async fn health(State(app): State<Arc<App>>) -> Response {
     let resident = e.resident_snapshot();
     let mem = |r: mlx_rs::error::Result<usize>| r.ok().map(|v| v as u64);
     Json(json!({
-        "status": "ok",
+        // A sharded model whose group lost a rank serves nothing until it restarts.
+        "status": if e.shard_health().is_some_and(|s| s.reason.is_some()) { "degraded" } else { "ok" },
         "uptime_s": e.started.elapsed().as_secs_f64(),
         "foreground_active": fg.foreground_active,
         "foreground_queued": fg.foreground_queued,
@@ -44,6 +45,7 @@ pub async fn health(State(app): State<Arc<App>>) -> Response {
             "tokens": e.embeddings.tokens.load(std::sync::atomic::Ordering::Relaxed),
         },
         "loading": e.loading(),
+        "shard": e.shard_health(),
         "draft": e.config.draft,
         "leases": {"total": e.leases.total(), "by_model": e.leases.snapshot()},
         "mtp": resident.iter().rev().find(|m| m.kind == "chat").map(|m| json!({"present": m.mtp, "warm": m.mtp_warm, "load_time_warmup": m.load_time_warmup})),

@@ -61,7 +61,8 @@ pub struct HostStore {
 impl HostStore {
     /// The store for a model made of `files` computing in `dtype`, with its file read and
     /// checked when there is one.
-    pub fn open(dir: &Path, files: &[PathBuf], dtype: Dtype) -> HostStore {
+    /// `part`: the part of the model this process holds, when not the whole (a shard).
+    pub fn open(dir: &Path, files: &[PathBuf], dtype: Dtype, part: Option<&str>) -> HostStore {
         let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
         let mut store = HostStore {
             path: None,
@@ -90,7 +91,7 @@ impl HostStore {
         store.key = hex(&id.finalize()[..16]);
         let path = crate::paths::host_copy_dir().join(format!(
             "{}-{}.bin",
-            dir_tag(&store.dir),
+            dir_tag(&store.dir, part),
             store.key
         ));
         match read(&path, &store.key) {
@@ -167,8 +168,14 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// The part of a file's name that says which model directory it belongs to.
-fn dir_tag(dir: &Path) -> String {
-    hex(&Sha256::digest(dir.to_string_lossy().as_bytes())[..8])
+fn dir_tag(dir: &Path, part: Option<&str>) -> String {
+    // A shard's copies are a file of their own: another part of the same directory neither
+    // reads nor prunes them.
+    let named = match part {
+        None => dir.to_string_lossy().to_string(),
+        Some(p) => format!("{}\0{p}", dir.to_string_lossy()),
+    };
+    hex(&Sha256::digest(named.as_bytes())[..8])
 }
 
 /// After writing `path`: remove the files of the same model directory made from other

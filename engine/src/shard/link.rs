@@ -1,0 +1,206 @@
+//! Rank 0's side of a sharded model: forms the group, hands each rank its layers, and runs
+//! the layers after its own by sending the hidden states round the ring. Once a rank is
+//! lost, every later pass is refused at once with the reason (no request waits on a rank
+//! that is gone); the group serves again when its processes are restarted.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use mlx_rs::Array;
+
+use super::group::Group;
+use super::plan::{fingerprint, Plan};
+use super::wire::{Forward, Kind, Message};
+use super::{ShardConfig, ShardError, ShardHealth};
+use crate::error::{EngineError, Result};
+use crate::model::kv_cache::KvCache;
+use crate::model::remote::{RemoteLayers, SlotBook};
+use crate::model::weights::Weights;
+use crate::model::ModelConfig;
+use crate::platform::ComputeDtype;
+use crate::sync::LockExt;
+
+/// The version of the messages; a rank speaking another refuses the hello.
+pub const WIRE_VERSION: i32 = 1;
+
+pub struct Link {
+    group: Mutex<Group>,
+    plan: Plan,
+    book: Arc<SlotBook>,
+    /// Weight bytes each rank holds (rank 0's filled in once it has loaded).
+    weight_bytes: Mutex<Vec<u64>>,
+    /// Why the group stopped serving, once it has.
+    lost: Mutex<Option<String>>,
+    traffic: Mutex<Traffic>,
+}
+
+/// What the passes round the ring cost, for /health and `scripts/bench-shard`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Traffic {
+    pub passes: u64,
+    /// Tokens the passes carried.
+    pub tokens: u64,
+    /// Bytes of hidden states sent from rank 0 (the same come back).
+    pub hidden_bytes: u64,
+    /// Rank 0's time from sending a pass to having its answer.
+    pub wait_s: f64,
+    /// Of that, the other ranks' computing; the rest is the wire (and MLX's send/receive).
+    pub remote_compute_s: f64,
+}
+
+impl Link {
+    /// Form the group of `config` (this process is rank 0), plan the layers of the model in
+    /// `dir` and have every other rank load its own; returns once all have.
+    pub fn form(config: &ShardConfig, dir: &Path, dtype: ComputeDtype) -> Result<Arc<Link>> {
+        if config.rank != 0 {
+            return Err(EngineError::Internal("the link is rank 0's".into()));
+        }
+        let cfg = ModelConfig::read(dir)?;
+        let architecture = cfg.str("model_type")?.to_string();
+        let Some(shape) = crate::model::stack_shape(&cfg, &architecture)? else {
+            return Err(EngineError::InvalidRequest(format!(
+                "a `{architecture}` model runs in one process: sharding runs llama, qwen2 and qwen3"
+            )));
+        };
+        let layers = shape.layers as usize;
+        // Planning reads only the tensors' shapes (MLX loads them lazily).
+        let weights = Weights::load(dir, dtype)?;
+        let layer_bytes: Vec<u64> = (0..layers)
+            .map(|i| weights.stored_bytes(|n| n.starts_with(&format!("model.layers.{i}."))))
+            .collect();
+        let extra = weights.stored_bytes(|_| true) - layer_bytes.iter().sum::<u64>();
+        drop(weights);
+        let group = Group::form(&config.hostfile, 0, config.join_timeout).map_err(shard)?;
+        let plan = Plan::balance(&layer_bytes, extra, group.size).map_err(shard)?;
+        let mut hello = vec![WIRE_VERSION];
+        hello.extend(fingerprint(dir).map_err(shard)?);
+        hello.push(plan.starts.len() as i32);
+        hello.extend(plan.words());
+        Message::new(Kind::Hello, hello).send(&group, group.next()).map_err(shard)?;
+        let ready = Message::recv(&group, group.prev()).map_err(shard)?;
+        let kib = match ready.kind {
+            Kind::Ready if ready.body.len() == group.size - 1 => ready.body,
+            Kind::Error => return Err(shard(ShardError::Setup(ready.text()))),
+            _ => {
+                return Err(shard(ShardError::Setup(
+                    "a rank answered the hello out of step".into(),
+                )))
+            }
+        };
+        let rank0 = extra + layer_bytes[plan.range(0)].iter().sum::<u64>();
+        let mut weight_bytes = vec![rank0];
+        weight_bytes.extend(kib.iter().map(|&k| k.max(0) as u64 * 1024));
+        tracing::info!(ranks = group.size, starts = ?plan.starts, ?weight_bytes, "shard group formed");
+        Ok(Arc::new(Link {
+            group: Mutex::new(group),
+            plan,
+            book: Arc::new(SlotBook::default()),
+            weight_bytes: Mutex::new(weight_bytes),
+            lost: Mutex::new(None),
+            traffic: Mutex::new(Traffic::default()),
+        }))
+    }
+
+    pub fn health(&self) -> ShardHealth {
+        let lost = self.lost.locked().clone();
+        ShardHealth {
+            state: if lost.is_some() { "lost" } else { "ready" },
+            ranks: self.plan.ranks(),
+            layer_starts: self.plan.starts.clone(),
+            weight_bytes: self.weight_bytes.locked().clone(),
+            reason: lost,
+            traffic: self.traffic.locked().clone(),
+        }
+    }
+
+    /// Tell the other ranks rank 0 is stopping, so they exit rather than wait.
+    pub fn leave(&self) {
+        if self.lost.locked().is_some() {
+            return;
+        }
+        let group = self.group.locked();
+        let _ = Message::new(Kind::Leave, vec![]).send(&group, group.next());
+        *self.lost.locked() = Some("rank 0 left".into());
+    }
+
+    fn refuse_if_lost(&self) -> Result<()> {
+        match self.lost.locked().as_ref() {
+            Some(why) => Err(EngineError::ShardLost(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    fn lose(&self, why: String) -> EngineError {
+        tracing::error!(why, "shard group lost");
+        *self.lost.locked() = Some(why.clone());
+        EngineError::ShardLost(why)
+    }
+}
+
+fn reason(e: ShardError) -> String {
+    match e {
+        ShardError::Setup(m) | ShardError::Lost(m) => m,
+    }
+}
+
+fn shard(e: ShardError) -> EngineError {
+    match e {
+        ShardError::Setup(m) => EngineError::ShardSetup(m),
+        ShardError::Lost(m) => EngineError::ShardLost(m),
+    }
+}
+
+impl RemoteLayers for Link {
+    fn first(&self) -> usize {
+        self.plan.starts[1]
+    }
+
+    fn count(&self) -> usize {
+        self.plan.layers() - self.first()
+    }
+
+    fn forward(&self, h: &Array, seqs: &mut [&mut [KvCache]], lens: &[i32]) -> Result<Array> {
+        self.refuse_if_lost()?;
+        let (first, count) = (self.first(), self.count());
+        let ops = self.book.take_pending();
+        let slots = seqs
+            .iter_mut()
+            .map(|caches| {
+                (first..first + count)
+                    .map(|l| {
+                        let slot = caches[l].remote_slot(l as u32, &self.book);
+                        (slot, caches[l].offset())
+                    })
+                    .collect()
+            })
+            .collect();
+        let body = Forward { lens: lens.to_vec(), slots, ops }.words();
+        let group = self.group.locked();
+        // The pass's own input is computed first, so the wait below is the ring's alone.
+        h.eval()?;
+        let started = std::time::Instant::now();
+        let message = Message::forward(body, h.clone(), 0);
+        message.send(&group, group.next()).map_err(|e| self.lose(reason(e)))?;
+        let back = Message::recv(&group, group.prev()).map_err(|e| self.lose(reason(e)))?;
+        if back.kind == Kind::Error {
+            return Err(self.lose(back.text()));
+        }
+        let out = match (back.kind, back.hidden) {
+            (Kind::Forward, Some(out)) if out.shape() == h.shape() => out,
+            _ => return Err(self.lose("the last rank answered out of step".into())),
+        };
+        let mut t = self.traffic.locked();
+        t.passes += 1;
+        t.tokens += lens.iter().map(|&n| n as u64).sum::<u64>();
+        t.hidden_bytes += h.nbytes() as u64;
+        t.wait_s += started.elapsed().as_secs_f64();
+        t.remote_compute_s += back.work_us as f64 / 1e6;
+        drop(t);
+        for (caches, &n) in seqs.iter_mut().zip(lens) {
+            for cache in &mut caches[first..first + count] {
+                cache.advance_remote(n);
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,83 @@
+//! The plan, the wire's bodies and the hostfile checks, without a group (engine/tests/shard.rs
+//! runs real groups of processes on loopback).
+
+use super::plan::Plan;
+use super::wire::Forward;
+use super::Hostfile;
+use crate::model::remote::SlotOp;
+
+#[test]
+fn the_plan_balances_bytes_and_gives_rank_0_fewer_layers_for_its_head() {
+    // 24 equal layers of 60 and an embedding of 540 on rank 0: half of 1980 is 990, which
+    // lies between 7 layers (960) and 8 (1020), as near to each; the first of equals wins.
+    let plan = Plan::balance(&[60; 24], 540, 2).unwrap();
+    assert_eq!(plan.starts, vec![0, 7, 24]);
+    let three = Plan::balance(&[60; 24], 540, 3).unwrap();
+    assert_eq!(three.starts, vec![0, 2, 13, 24]);
+    // Nothing extra: an even split.
+    assert_eq!(Plan::balance(&[1; 4], 0, 2).unwrap().starts, vec![0, 2, 4]);
+}
+
+#[test]
+fn every_rank_after_0_gets_a_layer_even_when_the_head_outweighs_them_all() {
+    let plan = Plan::balance(&[1, 1], 1000, 3).unwrap();
+    assert_eq!(plan.starts, vec![0, 0, 1, 2]);
+    assert_eq!(plan.range(0), 0..0);
+    assert!(Plan::balance(&[1, 1], 0, 4).is_err(), "3 workers for 2 layers");
+}
+
+#[test]
+fn a_plan_from_the_wire_is_checked() {
+    let plan = Plan::balance(&[5; 6], 3, 3).unwrap();
+    assert_eq!(Plan::from_words(&plan.words()), Some(plan));
+    assert_eq!(Plan::from_words(&[0, 0, 2]), Some(Plan { starts: vec![0, 0, 2] }));
+    for bad in [&[0, 2, 2][..], &[1, 2, 3], &[0, 3, 2], &[0, -1, 2], &[0, 2]] {
+        assert_eq!(Plan::from_words(bad), None, "{bad:?}");
+    }
+}
+
+#[test]
+fn a_forward_body_round_trips_and_a_damaged_one_is_refused() {
+    let f = Forward {
+        lens: vec![3, 1],
+        slots: vec![vec![(1, 0), (2, 0)], vec![(3, 7), (4, 7)]],
+        ops: vec![
+            SlotOp::Clone { layer: 1, from: 5, to: 6 },
+            SlotOp::Trim { layer: 2, slot: 6, n: 2 },
+            SlotOp::Free { layer: 1, slot: 5 },
+        ],
+    };
+    let words = f.words();
+    assert_eq!(Forward::from_words(&words), Some(f));
+    assert_eq!(Forward::from_words(&words[..words.len() - 1]), None);
+    let mut unknown_op = words.clone();
+    let at = words.len() - 4;
+    unknown_op[at] = 9;
+    assert_eq!(Forward::from_words(&unknown_op), None);
+    assert_eq!(Forward::from_words(&[i32::MAX, i32::MAX, i32::MAX]), None);
+    assert_eq!(Forward::from_words(&[]), None);
+}
+
+#[test]
+fn a_hostfile_is_mlx_rings_format_or_a_clear_refusal() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |text: &str| {
+        let p = dir.path().join("hosts.json");
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let ok = Hostfile::read(&write(r#"[["127.0.0.1:5000"], ["10.0.0.2:5000", "10.0.1.2:5000"]]"#));
+    assert_eq!(ok.unwrap().ranks.len(), 2);
+    for (text, says) in [
+        (r#"[["127.0.0.1:5000"]]"#, "names 1 ranks"),
+        (r#"[["127.0.0.1:5000"], []]"#, "rank 1 has no address"),
+        (r#"[["127.0.0.1:5000"], ["mac-two:5000"]]"#, "`mac-two:5000` is not an ip:port"),
+        (r#"{"hosts": []}"#, "not MLX's ring format"),
+        (r#"[{"ssh": "a", "ips": ["1.2.3.4"]}]"#, "not MLX's ring format"),
+    ] {
+        let err = Hostfile::read(&write(text)).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains(says), "{text}: {err}");
+    }
+    let missing = Hostfile::read(&dir.path().join("nope.json")).err().unwrap().to_string();
+    assert!(missing.contains("nope.json"), "{missing}");
+}
