@@ -224,6 +224,20 @@ async fn a_rank_killed_mid_answer_fails_it_and_every_later_request_promptly() {
     assert_eq!(v["error"]["code"], "shard_unavailable", "{v}");
     assert!(started.elapsed() < Duration::from_secs(60));
     assert_eq!(health(&url).await["leases"]["total"], 0, "no lease outlives the failure");
+
+    // Lost while idle: rank 0's ping finds it, and /health says so before any request.
+    let mut idle = start(&common::fixture_dir("qwen2"), Some((&hostfile(tmp.path(), 2), 2)), &[]);
+    assert_eq!(health(&idle.url).await["shard"]["state"], "ready");
+    idle.children[0].kill().unwrap();
+    let since = Instant::now();
+    let state = loop {
+        let h = health(&idle.url).await;
+        if h["shard"]["state"] == "lost" || since.elapsed() > Duration::from_secs(20) {
+            break h["shard"].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(state["state"], "lost", "20 s after the kill: {state}");
 }
 
 /// Rank 0's exit and what it said, within `bound`.

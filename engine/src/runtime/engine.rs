@@ -210,6 +210,9 @@ pub struct Engine {
     shard: Option<(Arc<crate::shard::Link>, PathBuf)>,
 }
 
+/// How often an idle sharded model's ring is pinged.
+const SHARD_PING_EVERY: Duration = Duration::from_secs(2);
+
 impl Engine {
     /// Whether user turns generate together (`max_batch` above 1).
     pub fn batched(&self) -> bool {
@@ -363,6 +366,25 @@ impl Engine {
                 engine.reap_idle().await;
             }
         });
+        if let Some((link, _)) = &self.shard {
+            // A rank lost while nothing runs shows in /health within a few seconds.
+            let (engine, link) = (Arc::downgrade(self), link.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(SHARD_PING_EVERY).await;
+                    let Some(engine) = engine.upgrade() else { return };
+                    let link = link.clone();
+                    let rx = engine.mlx.submit(move |_| {
+                        link.ping_if_quiet(SHARD_PING_EVERY);
+                        Ok(())
+                    });
+                    drop(engine);
+                    if let Ok(rx) = rx {
+                        let _ = rx.await;
+                    }
+                }
+            });
+        }
     }
 
     /// After a model is published: load-time warmup (awaited, bounded), then the ladder in

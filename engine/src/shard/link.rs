@@ -32,6 +32,8 @@ pub struct Link {
     /// Why the group stopped serving, once it has.
     lost: Mutex<Option<String>>,
     traffic: Mutex<Traffic>,
+    /// When the ring last carried a pass or a ping.
+    last_pass: Mutex<std::time::Instant>,
 }
 
 /// What the passes round the ring cost, for /health and `scripts/bench-shard`.
@@ -76,8 +78,8 @@ impl Link {
         hello.extend(fingerprint(dir).map_err(shard)?);
         hello.push(plan.starts.len() as i32);
         hello.extend(plan.words());
-        Message::new(Kind::Hello, hello).send(&group, group.next()).map_err(shard)?;
-        let ready = Message::recv(&group, group.prev()).map_err(shard)?;
+        Message::new(Kind::Hello, hello).send_next(&group).map_err(shard)?;
+        let ready = Message::recv_prev(&group).map_err(shard)?;
         let kib = match ready.kind {
             Kind::Ready if ready.body.len() == group.size - 1 => ready.body,
             Kind::Error => return Err(shard(ShardError::Setup(ready.text()))),
@@ -98,6 +100,7 @@ impl Link {
             weight_bytes: Mutex::new(weight_bytes),
             lost: Mutex::new(None),
             traffic: Mutex::new(Traffic::default()),
+            last_pass: Mutex::new(std::time::Instant::now()),
         }))
     }
 
@@ -119,8 +122,26 @@ impl Link {
             return;
         }
         let group = self.group.locked();
-        let _ = Message::new(Kind::Leave, vec![]).send(&group, group.next());
+        let _ = Message::new(Kind::Leave, vec![]).send_next(&group);
         *self.lost.locked() = Some("rank 0 left".into());
+    }
+
+    /// Send a ping round the ring while no pass has for `quiet`, so a rank lost while idle
+    /// shows in /health before the next request finds it. Runs on the MLX thread.
+    pub fn ping_if_quiet(&self, quiet: std::time::Duration) {
+        if self.lost.locked().is_some() || self.last_pass.locked().elapsed() < quiet {
+            return;
+        }
+        let group = self.group.locked();
+        let answer = Message::new(Kind::Ping, vec![])
+            .send_next(&group)
+            .and_then(|_| Message::recv_prev(&group));
+        *self.last_pass.locked() = std::time::Instant::now();
+        match answer {
+            Ok(m) if m.kind == Kind::Ping => {}
+            Ok(_) => drop(self.lose("the last rank answered a ping out of step".into())),
+            Err(e) => drop(self.lose(reason(e))),
+        }
     }
 
     fn refuse_if_lost(&self) -> Result<()> {
@@ -180,8 +201,8 @@ impl RemoteLayers for Link {
         h.eval()?;
         let started = std::time::Instant::now();
         let message = Message::forward(body, h.clone(), 0);
-        message.send(&group, group.next()).map_err(|e| self.lose(reason(e)))?;
-        let back = Message::recv(&group, group.prev()).map_err(|e| self.lose(reason(e)))?;
+        message.send_next(&group).map_err(|e| self.lose(reason(e)))?;
+        let back = Message::recv_prev(&group).map_err(|e| self.lose(reason(e)))?;
         if back.kind == Kind::Error {
             return Err(self.lose(back.text()));
         }
@@ -196,6 +217,7 @@ impl RemoteLayers for Link {
         t.wait_s += started.elapsed().as_secs_f64();
         t.remote_compute_s += back.work_us as f64 / 1e6;
         drop(t);
+        *self.last_pass.locked() = std::time::Instant::now();
         for (caches, &n) in seqs.iter_mut().zip(lens) {
             for cache in &mut caches[first..first + count] {
                 cache.advance_remote(n);

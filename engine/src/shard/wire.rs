@@ -29,6 +29,8 @@ pub enum Kind {
     Error = 4,
     /// Rank 0 is stopping: pass it on and exit.
     Leave = 5,
+    /// Rank 0 asks whether every rank is still there: pass it on.
+    Ping = 6,
 }
 
 impl Kind {
@@ -39,6 +41,7 @@ impl Kind {
             3 => Kind::Forward,
             4 => Kind::Error,
             5 => Kind::Leave,
+            6 => Kind::Ping,
             _ => return None,
         })
     }
@@ -76,7 +79,10 @@ impl Message {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
-    pub fn send(&self, group: &Group, dst: usize) -> Result<(), ShardError> {
+    /// Send this message to the next rank round the ring, announcing it on the doorbell.
+    pub fn send_next(&self, group: &Group) -> Result<(), ShardError> {
+        let dst = group.next();
+        group.ring_next()?;
         let (shape, dtype) = match &self.hidden {
             Some(h) => (h.shape().to_vec(), h.dtype() as u32 as i32),
             None => (vec![0, 0, 0], 0),
@@ -101,7 +107,10 @@ impl Message {
         Ok(())
     }
 
-    pub fn recv(group: &Group, src: usize) -> Result<Message, ShardError> {
+    /// The next message from the previous rank (asleep on the doorbell until it comes).
+    pub fn recv_prev(group: &Group) -> Result<Message, ShardError> {
+        let src = group.prev();
+        group.await_prev()?;
         let header = group.recv(&[HEADER as i32], Dtype::Int32, src)?;
         let h: &[i32] = header.as_slice();
         let out_of_step = |why: &str| ShardError::Lost(format!("rank {src} sent {why}"));

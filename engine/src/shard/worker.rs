@@ -36,7 +36,7 @@ pub fn run(config: &ShardConfig, dir: &Path, dtype: ComputeDtype) -> Result<(), 
     eprintln!("perch: rank {} of {} joined; waiting for rank 0's plan", group.rank, group.size);
     let mut part: Option<Part> = None;
     loop {
-        let msg = Message::recv(&group, group.prev())?;
+        let msg = Message::recv_prev(&group)?;
         match msg.kind {
             Kind::Hello => {
                 let reply = match hello(&group, dir, dtype, &msg.body) {
@@ -60,7 +60,7 @@ pub fn run(config: &ShardConfig, dir: &Path, dtype: ComputeDtype) -> Result<(), 
                     }
                     Err(why) => Message::error(&format!("rank {}: {why}", group.rank)),
                 };
-                reply.send(&group, group.next())?;
+                reply.send_next(&group)?;
             }
             Kind::Forward => {
                 let started = std::time::Instant::now();
@@ -79,15 +79,15 @@ pub fn run(config: &ShardConfig, dir: &Path, dtype: ComputeDtype) -> Result<(), 
                     }
                     Err(why) => Message::error(&why),
                 };
-                reply.send(&group, group.next())?;
+                reply.send_next(&group)?;
                 if let Some(p) = &part {
                     let _ = mlx_rs::transforms::eval(p.caches.values().flat_map(|c| c.state()));
                 }
             }
-            Kind::Error => msg.send(&group, group.next())?,
+            Kind::Error | Kind::Ping => msg.send_next(&group)?,
             Kind::Leave => {
                 if group.next() != 0 {
-                    msg.send(&group, group.next())?;
+                    msg.send_next(&group)?;
                 }
                 return Ok(());
             }
