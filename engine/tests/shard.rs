@@ -169,13 +169,16 @@ async fn two_and_three_ranks_answer_as_one_process_does() {
     drop(two);
     // Three ranks, one at a time with prompt-lookup drafts (their rejections trim the other
     // ranks' caches).
+    // The prefix cache is off here: rank 0 holds no layer, so a state it kept would cost it
+    // nothing locally, but its ranks hold keys and values for it and count against the budget.
     let three = start(
         &model,
         Some((&hostfile(tmp.path(), 3), 3)),
-        &["--parallel", "1", "--draft", "lookup"],
+        &["--parallel", "1", "--draft", "lookup", "--prefix-cache-mb", "0"],
     );
     let got = answers(&three.url, "qwen2", PROMPTS, false).await;
     assert_eq!(strip(&got), strip(&want_lookup), "three ranks with lookup drafts");
+    assert!(got.iter().all(|(_, cached)| *cached == 0), "a cache of 0 MiB kept a state: {got:?}");
     assert_eq!(strip(&want_lookup), strip(&want), "drafts change no greedy answer");
     let h = health(&three.url).await;
     assert_eq!(h["shard"]["layer_starts"], json!([0, 0, 1, 2]), "{h}");

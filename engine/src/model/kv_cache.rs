@@ -407,13 +407,15 @@ impl KvCache {
         }
     }
 
-    /// This remote layer's slot, given one (from `book`, for `layer`) at its first use.
+    /// This remote layer's slot, given one (from `book`, for `layer`, holding
+    /// `bytes_per_position` there) at its first use.
     pub fn remote_slot(
         &mut self,
         layer: u32,
+        bytes_per_position: usize,
         book: &std::sync::Arc<super::remote::SlotBook>,
     ) -> u32 {
-        self.remote.get_or_insert_with(|| RemoteSlot::new(layer, book)).slot
+        self.remote.get_or_insert_with(|| RemoteSlot::new(layer, bytes_per_position, book)).slot
     }
 
     /// A remote layer took `n` more positions.
@@ -473,8 +475,13 @@ impl KvCache {
         }
     }
 
-    /// Bytes held by the buffers.
+    /// Bytes held by the buffers (a remote layer's: those its rank holds, grown in steps as
+    /// here).
     pub fn nbytes(&self) -> usize {
+        if let Some(r) = &self.remote {
+            let positions = (self.offset + STEP - 1) / STEP * STEP;
+            return positions as usize * r.bytes_per_position;
+        }
         self.state().iter().map(|a| a.nbytes()).sum()
     }
 }

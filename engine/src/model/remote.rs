@@ -49,12 +49,15 @@ impl SlotBook {
 pub struct RemoteSlot {
     pub slot: u32,
     pub layer: u32,
+    /// Bytes the other rank holds per cached position (keys and values), so that rank 0's
+    /// prefix cache counts what its entries keep alive there against its budget.
+    pub bytes_per_position: usize,
     book: Arc<SlotBook>,
 }
 
 impl RemoteSlot {
-    pub fn new(layer: u32, book: &Arc<SlotBook>) -> RemoteSlot {
-        RemoteSlot { slot: book.fresh(), layer, book: book.clone() }
+    pub fn new(layer: u32, bytes_per_position: usize, book: &Arc<SlotBook>) -> RemoteSlot {
+        RemoteSlot { slot: book.fresh(), layer, bytes_per_position, book: book.clone() }
     }
 
     pub(super) fn trimmed(&self, n: i32) {
@@ -68,7 +71,12 @@ impl Clone for RemoteSlot {
     fn clone(&self) -> RemoteSlot {
         let to = self.book.fresh();
         self.book.push(SlotOp::Clone { layer: self.layer, from: self.slot, to });
-        RemoteSlot { slot: to, layer: self.layer, book: self.book.clone() }
+        RemoteSlot {
+            slot: to,
+            layer: self.layer,
+            bytes_per_position: self.bytes_per_position,
+            book: self.book.clone(),
+        }
     }
 }
 

@@ -32,6 +32,8 @@ pub struct Link {
     /// Why the group stopped serving, once it has.
     lost: Mutex<Option<String>>,
     traffic: Mutex<Traffic>,
+    /// Keys and values per position of one layer, in elements (kv heads × head dim × 2).
+    kv_elements: usize,
     /// When the ring last carried a pass or a ping.
     last_pass: Mutex<std::time::Instant>,
 }
@@ -101,6 +103,7 @@ impl Link {
             lost: Mutex::new(None),
             traffic: Mutex::new(Traffic::default()),
             last_pass: Mutex::new(std::time::Instant::now()),
+            kv_elements: 2 * (shape.attention.kv_heads * shape.attention.head_dim) as usize,
         }))
     }
 
@@ -184,12 +187,13 @@ impl RemoteLayers for Link {
         self.refuse_if_lost()?;
         let (first, count) = (self.first(), self.count());
         let ops = self.book.take_pending();
+        let per_position = self.kv_elements * h.item_size();
         let slots = seqs
             .iter_mut()
             .map(|caches| {
                 (first..first + count)
                     .map(|l| {
-                        let slot = caches[l].remote_slot(l as u32, &self.book);
+                        let slot = caches[l].remote_slot(l as u32, per_position, &self.book);
                         (slot, caches[l].offset())
                     })
                     .collect()

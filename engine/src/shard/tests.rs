@@ -81,3 +81,31 @@ fn a_hostfile_is_mlx_rings_format_or_a_clear_refusal() {
     let missing = Hostfile::read(&dir.path().join("nope.json")).err().unwrap().to_string();
     assert!(missing.contains("nope.json"), "{missing}");
 }
+
+#[test]
+fn a_remote_cache_queues_what_its_rank_must_repeat_and_counts_what_it_holds_there() {
+    use crate::model::kv_cache::KvCache;
+    use crate::model::remote::SlotBook;
+    let book = std::sync::Arc::new(SlotBook::default());
+    let mut cache = KvCache::new();
+    assert_eq!(cache.nbytes(), 0);
+    let slot = cache.remote_slot(3, 100, &book);
+    assert_eq!(cache.remote_slot(3, 100, &book), slot, "a slot is given once");
+    cache.advance_remote(10);
+    // Held remotely in steps of 256 positions, as a local cache grows.
+    assert_eq!(cache.nbytes(), 256 * 100);
+    let mut copy = cache.clone();
+    assert_eq!(copy.trim(4), 4);
+    assert_eq!((copy.offset(), cache.offset()), (6, 10));
+    drop(copy);
+    let ops = book.take_pending();
+    let to = match ops[0] {
+        SlotOp::Clone { layer: 3, from, to } if from == slot => to,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        &ops[1..],
+        &[SlotOp::Trim { layer: 3, slot: to, n: 4 }, SlotOp::Free { layer: 3, slot: to }]
+    );
+    assert!(book.take_pending().is_empty(), "taken once");
+}
