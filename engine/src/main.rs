@@ -380,6 +380,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             println!("{}", dir.display());
         }
+        Command::Serve { config: Some(_), hostfile: Some(_), .. } => {
+            // The settings file has no sharding settings yet; running unsharded would drop
+            // the flag silently.
+            anyhow::bail!("--hostfile runs without --config (a sharded model is set by flags)");
+        }
         Command::Serve { config: Some(path), .. } => {
             let rt = tokio::runtime::Runtime::new()?;
             rt.block_on(async move {

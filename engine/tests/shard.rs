@@ -147,21 +147,23 @@ const PROMPTS: &[&str] = &[
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_and_three_ranks_answer_as_one_process_does() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = common::fixture_dir("qwen2");
+    let model = common::fixture_dir("qwen3");
     let alone = start(&model, None, &[]);
-    let want = answers(&alone.url, "qwen2", PROMPTS, false).await;
+    let want = answers(&alone.url, "qwen3", PROMPTS, false).await;
+    let want_json = constrained(&alone.url, "qwen3").await;
     let want_lookup = {
         let lookup = start(&model, None, &["--parallel", "1", "--draft", "lookup"]);
-        answers(&lookup.url, "qwen2", PROMPTS, false).await
+        answers(&lookup.url, "qwen3", PROMPTS, false).await
     };
     drop(alone);
     // Two ranks, batching (the default): one by one, then all three at once.
     let two = start(&model, Some((&hostfile(tmp.path(), 2), 2)), &[]);
-    let got = answers(&two.url, "qwen2", PROMPTS, false).await;
+    let got = answers(&two.url, "qwen3", PROMPTS, false).await;
     assert_eq!(strip(&got), strip(&want), "two ranks, one request at a time");
     assert!(got[1].1 > 0, "the second prompt reused the first's cache: {got:?}");
-    let together = answers(&two.url, "qwen2", PROMPTS, true).await;
+    let together = answers(&two.url, "qwen3", PROMPTS, true).await;
     assert_eq!(strip(&together), strip(&want), "two ranks, three requests in one batch");
+    assert_eq!(constrained(&two.url, "qwen3").await, want_json, "constrained to a JSON object");
     let h = health(&two.url).await;
     assert_eq!(h["shard"]["state"], "ready", "{h}");
     assert_eq!(h["shard"]["ranks"], 2);
@@ -176,12 +178,51 @@ async fn two_and_three_ranks_answer_as_one_process_does() {
         Some((&hostfile(tmp.path(), 3), 3)),
         &["--parallel", "1", "--draft", "lookup", "--prefix-cache-mb", "0"],
     );
-    let got = answers(&three.url, "qwen2", PROMPTS, false).await;
+    let got = answers(&three.url, "qwen3", PROMPTS, false).await;
     assert_eq!(strip(&got), strip(&want_lookup), "three ranks with lookup drafts");
     assert!(got.iter().all(|(_, cached)| *cached == 0), "a cache of 0 MiB kept a state: {got:?}");
     assert_eq!(strip(&want_lookup), strip(&want), "drafts change no greedy answer");
     let h = health(&three.url).await;
     assert_eq!(h["shard"]["layer_starts"], json!([0, 0, 1, 2]), "{h}");
+}
+
+/// A chat request constrained to a JSON object.
+async fn constrained(url: &str, model: &str) -> Value {
+    let body = json!({"model": model, "max_tokens": 24, "temperature": 0,
+                      "response_format": {"type": "json_object"},
+                      "messages": [{"role": "user", "content": "A JSON object, please"}]});
+    let (status, v) = post(url, "/v1/chat/completions", body).await;
+    assert_eq!(status, 200, "{v}");
+    v["choices"][0]["message"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtp_drafts_and_a_cancelled_stream_leave_the_ranks_in_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::fixture_dir(common::MTP_FIXTURE);
+    let flags = ["--parallel", "1", "--draft", "mtp"];
+    let want = {
+        let alone = start(&model, None, &flags);
+        answers(&alone.url, "qwen3-mtp", PROMPTS, false).await
+    };
+    let two = start(&model, Some((&hostfile(tmp.path(), 2), 2)), &flags);
+    let h = health(&two.url).await;
+    assert_eq!(h["mtp"]["present"], true, "rank 0 holds the MTP head: {h}");
+    // A stream the client drops after its first chunk: its sequence is cancelled between
+    // passes, and the ranks' caches must stay in step for what follows.
+    let body = json!({"model": "qwen3-mtp", "prompt": PROMPTS[0], "max_tokens": 1500,
+                      "temperature": 0, "stream": true});
+    let mut stream = reqwest::Client::new()
+        .post(format!("{}/v1/completions", two.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    stream.chunk().await.unwrap();
+    drop(stream);
+    let got = answers(&two.url, "qwen3-mtp", PROMPTS, false).await;
+    assert_eq!(strip(&got), strip(&want), "two ranks with MTP drafts after a cancelled stream");
+    assert_eq!(health(&two.url).await["shard"]["state"], "ready");
 }
 
 fn strip(a: &[(String, u64)]) -> Vec<&str> {

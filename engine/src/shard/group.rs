@@ -204,8 +204,7 @@ fn recv(raw: &Raw, shape: &[i32], dtype: Dtype, src: usize) -> Result<Array, Sha
         }
         array
     };
-    got.eval()
-        .map_err(|e| ShardError::Lost(format!("receiving from rank {src}: {}", what(&e))))?;
+    got.eval().map_err(|e| ShardError::Lost(format!("receiving from rank {src}: {}", what(&e))))?;
     Ok(got)
 }
 
