@@ -15,7 +15,6 @@ use super::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::model::kv_cache::{AttentionMask, KvCache};
 use crate::model::lora::{layer_of, LayerLora, Lora, ProjectionDims, Target};
-use crate::model::remote::RemoteLayers;
 
 pub struct RmsNorm {
     weight: Array,
@@ -724,4 +723,14 @@ pub fn load_blocks(
     range: std::ops::Range<usize>,
 ) -> Result<Vec<PreNormBlock>> {
     range.map(|i| PreNormBlock::load(cfg, w, &format!("model.layers.{i}"), s)).collect()
+}
+
+/// The layers `first..first + count` of a stack, run by other ranks.
+pub trait RemoteLayers: Send + Sync {
+    fn first(&self) -> usize;
+    fn count(&self) -> usize;
+    /// `h` [1, T, hidden] after layer `first - 1` → after the last remote layer. `seqs[i]`
+    /// holds sequence i's caches of every layer (the remote ones are slots, given one at
+    /// their first use and advanced by `lens[i]` here).
+    fn forward(&self, h: &Array, seqs: &mut [&mut [KvCache]], lens: &[i32]) -> Result<Array>;
 }

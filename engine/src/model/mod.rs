@@ -314,7 +314,7 @@ pub enum ModelPart {
     Whole,
     /// Embeddings, the layers before `remote.first()`, the final norm, the head and any MTP
     /// head; `remote` runs the other layers.
-    Ends(std::sync::Arc<dyn remote::RemoteLayers>),
+    Ends(std::sync::Arc<dyn layers::RemoteLayers>),
 }
 
 impl ModelPart {

@@ -1,15 +1,11 @@
 //! Layers that run in other processes (pipeline sharding, `crate::shard`): what the model
-//! code sees of them. A remote layer's cache here holds only a slot number and an offset; the
-//! keys and values live with the rank that runs the layer, which repeats every clone, trim
-//! and drop of the slot (queued here, sent before the next forward pass).
+//! code sees of their caches (the trait they run behind is `layers::RemoteLayers`). A remote
+//! layer's cache here holds only a slot number and an offset; the keys and values live with
+//! the rank that runs the layer, which repeats every clone, trim and drop of the slot (queued
+//! here, sent before the next forward pass).
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-
-use mlx_rs::Array;
-
-use super::kv_cache::KvCache;
-use crate::error::Result;
 
 /// What a rank must repeat on its copy of a slot, in the order rank 0 did it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,14 +80,4 @@ impl Drop for RemoteSlot {
     fn drop(&mut self) {
         self.book.push(SlotOp::Free { layer: self.layer, slot: self.slot });
     }
-}
-
-/// The layers `first..first + count` of a stack, run by other ranks.
-pub trait RemoteLayers: Send + Sync {
-    fn first(&self) -> usize;
-    fn count(&self) -> usize;
-    /// `h` [1, T, hidden] after layer `first - 1` → after the last remote layer. `seqs[i]`
-    /// holds sequence i's caches of every layer (the remote ones are slots, given one at
-    /// their first use and advanced by `lens[i]` here).
-    fn forward(&self, h: &Array, seqs: &mut [&mut [KvCache]], lens: &[i32]) -> Result<Array>;
 }
