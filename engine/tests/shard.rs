@@ -66,20 +66,10 @@ fn start(model: &Path, hosts: Option<(&Path, usize)>, extra: &[&str]) -> Procs {
         }
     }
     let mut rank0 = perch();
-    rank0.args(["serve", "--model"]).arg(model).args([
-        "--port",
-        "0",
-        "--log-dir",
-        "none",
-        "--ladder",
-        "off",
-        "--conversations-dir",
-        "none",
-        "--mcp-file",
-        "none",
-        "--prefix-cache-disk-mb",
-        "0",
-    ]);
+    // Quiet and self-contained: no request log, ladder, conversations, MCP or disk cache.
+    let quiet = "--port 0 --log-dir none --ladder off --conversations-dir none --mcp-file none \
+                 --prefix-cache-disk-mb 0";
+    rank0.args(["serve", "--model"]).arg(model).args(quiet.split_whitespace());
     if let Some((file, _)) = hosts {
         rank0.arg("--hostfile").arg(file).args(["--rank", "0", "--join-timeout", "60"]);
     }

@@ -109,3 +109,22 @@ fn a_remote_cache_queues_what_its_rank_must_repeat_and_counts_what_it_holds_ther
     );
     assert!(book.take_pending().is_empty(), "taken once");
 }
+
+#[test]
+fn a_short_body_rides_in_the_header_and_a_long_one_follows_it() {
+    use super::wire::{inline_body, pack};
+    let fixed = [3, 0, 1, 1, 1, 896, 10, 0];
+    for n in [0usize, 1, 46, 248, 249, 5000] {
+        let body: Vec<i32> = (0..n as i32).collect();
+        let (head, rest) = pack([fixed[0], n as i32, 1, 1, 1, 896, 10, 0], &body);
+        assert_eq!(head.len(), 256, "the header's array has one size, so it can be received");
+        match (inline_body(&head), rest) {
+            (Some(inline), None) => assert_eq!(inline, &body[..], "{n} words inline"),
+            (None, Some(rest)) => {
+                assert!(n > 248, "{n} words went apart");
+                assert_eq!(rest, &body[..]);
+            }
+            other => panic!("{n} words: {other:?}"),
+        }
+    }
+}

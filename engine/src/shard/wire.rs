@@ -1,6 +1,7 @@
-//! The messages that go round the ring. Each is a fixed header of int32 words, then a body of
-//! int32 words, then (for a forward pass) the hidden states. MLX's receive needs the shape
-//! before the bytes, which is why the header comes first and says how long the rest is.
+//! The messages that go round the ring. Each is a fixed header of int32 words (with the body
+//! inside it when the body is short), then a longer body if there is one, then (for a forward
+//! pass) the hidden states. MLX's receive needs the shape before the bytes, which is why the
+//! header comes first and says how long the rest is.
 
 use mlx_rs::{Array, Dtype};
 
@@ -10,6 +11,10 @@ use crate::model::remote::SlotOp;
 
 /// Words in a header.
 const HEADER: usize = 8;
+/// Body words carried inside the header's array (a decode pass's fit: each array is a send
+/// and a receive of its own, about a third of a hop's cost on loopback); a longer body
+/// follows in an array of its own.
+const INLINE: usize = 248;
 /// Longest body accepted (a bound on what a confused peer can make us allocate).
 const MAX_WORDS: i32 = 1 << 24;
 /// Longest error text carried round the ring.
@@ -87,7 +92,7 @@ impl Message {
             Some(h) => (h.shape().to_vec(), h.dtype() as u32 as i32),
             None => (vec![0, 0, 0], 0),
         };
-        let header = [
+        let fixed = [
             self.kind as i32,
             self.body.len() as i32,
             self.hidden.is_some() as i32,
@@ -97,9 +102,10 @@ impl Message {
             dtype,
             self.work_us,
         ];
-        group.send(&Array::from_slice(&header, &[HEADER as i32]), dst)?;
-        if !self.body.is_empty() {
-            group.send(&Array::from_slice(&self.body, &[self.body.len() as i32]), dst)?;
+        let (head, rest) = pack(fixed, &self.body);
+        group.send(&Array::from_slice(&head, &[head.len() as i32]), dst)?;
+        if let Some(rest) = rest {
+            group.send(&Array::from_slice(rest, &[rest.len() as i32]), dst)?;
         }
         if let Some(h) = &self.hidden {
             group.send(h, dst)?;
@@ -111,7 +117,7 @@ impl Message {
     pub fn recv_prev(group: &Group) -> Result<Message, ShardError> {
         let src = group.prev();
         group.await_prev()?;
-        let header = group.recv(&[HEADER as i32], Dtype::Int32, src)?;
+        let header = group.recv(&[(HEADER + INLINE) as i32], Dtype::Int32, src)?;
         let h: &[i32] = header.as_slice();
         let out_of_step = |why: &str| ShardError::Lost(format!("rank {src} sent {why}"));
         let kind = Kind::from_word(h[0]).ok_or_else(|| out_of_step("an unknown message"))?;
@@ -121,10 +127,9 @@ impl Message {
             return Err(out_of_step("a header out of bounds"));
         }
         let (words, has_hidden, shape, dtype) = (h[1], h[2] == 1, [h[3], h[4], h[5]], h[6]);
-        let body = if words > 0 {
-            group.recv(&[words], Dtype::Int32, src)?.as_slice::<i32>().to_vec()
-        } else {
-            vec![]
+        let body = match inline_body(h) {
+            Some(body) => body.to_vec(),
+            None => group.recv(&[words], Dtype::Int32, src)?.as_slice::<i32>().to_vec(),
         };
         let hidden = if has_hidden {
             let dtype = u32::try_from(dtype)
@@ -137,6 +142,24 @@ impl Message {
         };
         Ok(Message { kind, body, hidden, work_us: h[7].max(0) })
     }
+}
+
+/// The header's array for `fixed` and `body`, and the body when it goes in an array of its
+/// own.
+pub fn pack(fixed: [i32; HEADER], body: &[i32]) -> (Vec<i32>, Option<&[i32]>) {
+    let mut head = fixed.to_vec();
+    let inline = body.len() <= INLINE;
+    if inline {
+        head.extend(body);
+    }
+    head.resize(HEADER + INLINE, 0);
+    (head, (!inline).then_some(body))
+}
+
+/// The body a header's array carries (`None`: it follows in an array of its own).
+pub fn inline_body(head: &[i32]) -> Option<&[i32]> {
+    let words = usize::try_from(head[1]).ok()?;
+    (words <= INLINE).then(|| &head[HEADER..HEADER + words])
 }
 
 /// The body of a forward pass: the step's sequences, their remote caches, and the slot
