@@ -32,6 +32,15 @@ impl Weights {
     /// copies are stored apart from the whole model's); MLX reads a tensor only when it is
     /// used, so the parts left alone cost no memory.
     pub fn load_part(dir: &Path, dtype: ComputeDtype, part: Option<String>) -> Result<Weights> {
+        let mut w = Weights::tensors_of(dir, dtype)?;
+        let files = weight_files(dir)?;
+        w.host = HostStore::open(dir, &files, w.compute_dtype, part.as_deref());
+        Ok(w)
+    }
+
+    /// The tensors, lazily (shapes and dtypes, for planning), without host copies: the
+    /// store's file is not read.
+    pub fn tensors_of(dir: &Path, dtype: ComputeDtype) -> Result<Weights> {
         let files = weight_files(dir)?;
         let mut tensors = HashMap::new();
         for file in &files {
@@ -48,8 +57,7 @@ impl Weights {
             .find(|d| matches!(d, Dtype::Bfloat16 | Dtype::Float16 | Dtype::Float32))
             .unwrap_or(Dtype::Float32);
         let compute_dtype = dtype.resolve(file_dtype);
-        let host = HostStore::open(dir, &files, compute_dtype, part.as_deref());
-        Ok(Weights { tensors, dir: dir.to_path_buf(), compute_dtype, host })
+        Ok(Weights { tensors, dir: dir.to_path_buf(), compute_dtype, host: HostStore::off(dir) })
     }
 
     /// The host copy of a loaded weight, from the store's file or recovered now.

@@ -28,8 +28,9 @@ pub struct Link {
     group: Mutex<Group>,
     plan: Plan,
     book: Arc<SlotBook>,
-    /// Weight bytes each rank holds (rank 0's filled in once it has loaded).
-    weight_bytes: Mutex<Vec<u64>>,
+    /// Weight bytes each rank holds, as stored (rank 0's by the plan, the others' as they
+    /// reported them).
+    weight_bytes: Vec<u64>,
     /// Why the group stopped serving, once it has.
     lost: Mutex<Option<String>>,
     traffic: Mutex<Traffic>,
@@ -68,8 +69,8 @@ impl Link {
             )));
         };
         let layers = shape.layers as usize;
-        // Planning reads only the tensors' shapes (MLX loads them lazily).
-        let weights = Weights::load(dir, dtype)?;
+        // Planning reads only the tensors' shapes (MLX loads them lazily), and no host copies.
+        let weights = Weights::tensors_of(dir, dtype)?;
         let layer_bytes: Vec<u64> = (0..layers)
             .map(|i| weights.stored_bytes(|n| n.starts_with(&format!("model.layers.{i}."))))
             .collect();
@@ -100,7 +101,7 @@ impl Link {
             group: Mutex::new(group),
             plan,
             book: Arc::new(SlotBook::default()),
-            weight_bytes: Mutex::new(weight_bytes),
+            weight_bytes,
             lost: Mutex::new(None),
             traffic: Mutex::new(Traffic::default()),
             last_pass: Mutex::new(std::time::Instant::now()),
@@ -114,7 +115,7 @@ impl Link {
             state: if lost.is_some() { "lost" } else { "ready" },
             ranks: self.plan.ranks(),
             layer_starts: self.plan.starts.clone(),
-            weight_bytes: self.weight_bytes.locked().clone(),
+            weight_bytes: self.weight_bytes.clone(),
             reason: lost,
             traffic: self.traffic.locked().clone(),
         }

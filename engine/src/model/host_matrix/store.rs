@@ -59,20 +59,24 @@ pub struct HostStore {
 }
 
 impl HostStore {
-    /// The store for a model made of `files` computing in `dtype`, with its file read and
-    /// checked when there is one.
-    /// `part`: the part of the model this process holds, when not the whole (a shard).
-    pub fn open(dir: &Path, files: &[PathBuf], dtype: Dtype, part: Option<&str>) -> HostStore {
-        let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-        let mut store = HostStore {
+    /// A store that neither reads nor keeps copies (no file is opened).
+    pub fn off(dir: &Path) -> HostStore {
+        HostStore {
             path: None,
-            dir,
+            dir: dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf()),
             key: String::new(),
             cached: None,
             used: vec![],
             built: 0,
             reused: 0,
-        };
+        }
+    }
+
+    /// The store for a model made of `files` computing in `dtype`, with its file read and
+    /// checked when there is one.
+    /// `part`: the part of the model this process holds, when not the whole (a shard).
+    pub fn open(dir: &Path, files: &[PathBuf], dtype: Dtype, part: Option<&str>) -> HostStore {
+        let mut store = HostStore::off(dir);
         if !super::enabled() {
             return store;
         }
