@@ -32,8 +32,8 @@ impl Weights {
     /// copies are stored apart from the whole model's); MLX reads a tensor only when it is
     /// used, so the parts left alone cost no memory.
     pub fn load_part(dir: &Path, dtype: ComputeDtype, part: Option<String>) -> Result<Weights> {
-        let mut w = Weights::tensors_of(dir, dtype)?;
         let files = weight_files(dir)?;
+        let mut w = Weights::tensors_in(dir, &files, dtype)?;
         w.host = HostStore::open(dir, &files, w.compute_dtype, part.as_deref());
         Ok(w)
     }
@@ -41,9 +41,12 @@ impl Weights {
     /// The tensors, lazily (shapes and dtypes, for planning), without host copies: the
     /// store's file is not read.
     pub fn tensors_of(dir: &Path, dtype: ComputeDtype) -> Result<Weights> {
-        let files = weight_files(dir)?;
+        Weights::tensors_in(dir, &weight_files(dir)?, dtype)
+    }
+
+    fn tensors_in(dir: &Path, files: &[PathBuf], dtype: ComputeDtype) -> Result<Weights> {
         let mut tensors = HashMap::new();
-        for file in &files {
+        for file in files {
             check_header(file)?;
             let arrays = Array::load_safetensors(file)
                 .map_err(|e| EngineError::BadWeights { file: file.clone(), msg: e.to_string() })?;

@@ -128,3 +128,17 @@ fn a_short_body_rides_in_the_header_and_a_long_one_follows_it() {
         }
     }
 }
+
+#[test]
+fn a_header_asking_for_too_much_is_refused_before_anything_is_allocated() {
+    use super::wire::header_fits;
+    let header = |words: i32, shape: [i32; 3]| [3, words, 1, shape[0], shape[1], shape[2], 10, 0];
+    assert!(header_fits(&header(46, [1, 1, 896])));
+    assert!(header_fits(&header(0, [1, 8192, 32768])), "a long step of a wide model");
+    assert!(!header_fits(&header(-1, [1, 1, 896])));
+    assert!(!header_fits(&header(46, [1, -1, 896])));
+    assert!(!header_fits(&header(1 << 25, [1, 1, 896])));
+    // Each dimension within bounds, their product far past them.
+    assert!(!header_fits(&header(46, [1 << 20, 1 << 20, 1 << 20])));
+    assert!(!header_fits(&header(46, [2, 8192, 32768])));
+}

@@ -17,6 +17,10 @@ const HEADER: usize = 8;
 const INLINE: usize = 248;
 /// Longest body accepted (a bound on what a confused peer can make us allocate).
 const MAX_WORDS: i32 = 1 << 24;
+/// Most hidden-state elements one message may carry (1 GiB of f32: a step of 8,192 tokens
+/// on a model 32,768 wide), so a confused peer's shape cannot make MLX allocate without
+/// bound.
+const MAX_HIDDEN: i64 = 1 << 28;
 /// Longest error text carried round the ring.
 const MAX_ERROR_BYTES: usize = 2000;
 
@@ -121,9 +125,7 @@ impl Message {
         let h: &[i32] = header.as_slice();
         let out_of_step = |why: &str| ShardError::Lost(format!("rank {src} sent {why}"));
         let kind = Kind::from_word(h[0]).ok_or_else(|| out_of_step("an unknown message"))?;
-        if !(0..=MAX_WORDS).contains(&h[1])
-            || h[3..6].iter().any(|&d| !(0..=MAX_WORDS).contains(&d))
-        {
+        if !header_fits(h) {
             return Err(out_of_step("a header out of bounds"));
         }
         let (words, has_hidden, shape, dtype) = (h[1], h[2] == 1, [h[3], h[4], h[5]], h[6]);
@@ -142,6 +144,15 @@ impl Message {
         };
         Ok(Message { kind, body, hidden, work_us: h[7].max(0) })
     }
+}
+
+/// Whether a header's lengths are within bounds: the body's words, each dimension of the
+/// hidden states, and their element count (checked before MLX allocates for them).
+pub fn header_fits(h: &[i32]) -> bool {
+    let elements: i64 = h[3..6].iter().map(|&d| d as i64).product();
+    (0..=MAX_WORDS).contains(&h[1])
+        && h[3..6].iter().all(|&d| (0..=MAX_WORDS).contains(&d))
+        && elements <= MAX_HIDDEN
 }
 
 /// The header's array for `fixed` and `body`, and the body when it goes in an array of its
