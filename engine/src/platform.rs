@@ -66,6 +66,29 @@ pub extern "C" fn mach_approximate_time() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
 }
 
+/// Keep glibc from handing every large freed buffer back to the kernel at once. By default
+/// a free of more than 128 KiB unmaps it (or trims the heap) and the next buffer of that size
+/// faults in and zeroes fresh pages. The encoder's passes allocate and free buffers of a few
+/// megabytes at every layer: on a 2-core EPYC that churn was page faults, zeroing and
+/// `munmap` in the profile, and `scripts/bench-embeddings` at batch 256 took 920–973 ms per
+/// request with glibc's defaults against 748–776 ms with these two settings (the LLM's
+/// prefill and decode in `scripts/bench-shard` did not move). Freed memory above the heap's
+/// top beyond 128 MiB still goes back, and unloads call `malloc_trim(0)`, which returns all
+/// of it. Called once per process; a no-op elsewhere than glibc.
+pub fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            // SAFETY: mallopt only changes thresholds glibc reads on later calls.
+            unsafe {
+                libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+                libc::mallopt(libc::M_TRIM_THRESHOLD, 128 << 20);
+            }
+        });
+    }
+}
+
 /// The process's peak resident set size.
 ///
 /// On Linux this is `VmHWM`, which starts afresh at exec; `getrusage`'s `ru_maxrss` keeps the

@@ -135,35 +135,70 @@ impl Bert {
         self.hidden as usize
     }
 
+    /// Whether this encoder runs packed (`forward_packed`): on the host path (CPU backend,
+    /// f32), where attention runs sequence by sequence and no step needs a padded shape.
+    pub fn packs(&self) -> bool {
+        super::host_matrix::enabled()
+            && super::host_matrix::sgemm_available()
+            && self.dtype() == Dtype::Float32
+    }
+
     /// `ids` [B, L] int32 (padded), `mask` [B, L] float (1 for tokens, 0 for padding), `lens`
     /// the B sequences' lengths → the last hidden states [B, L, hidden].
     pub fn forward(&self, ids: &Array, mask: &Array, lens: &[usize]) -> Result<Array> {
         let (b, l) = (ids.shape()[0], ids.shape()[1]);
         let x = self.words.take_axis(ids, 0)?;
         let x = x.add(self.positions.index((0..l, ..)))?.add(&self.token_type)?;
-        let mut x = self.embed_norm.forward(&x, self.eps)?;
+        let x = self.embed_norm.forward(&x, self.eps)?;
+        if self.packs() {
+            let spans: Vec<_> =
+                lens.iter().enumerate().map(|(s, &n)| (s * l as usize, n)).collect();
+            let x = x.reshape(&[b * l, self.hidden])?;
+            let out = self.blocks(x, |qkv| self.host_attention(qkv, &spans))?;
+            return Ok(out.reshape(&[b, l, self.hidden])?);
+        }
         // Padding gets a large negative score in every row (not -inf: a row of padding only,
         // which no real sequence has, must not turn into NaN).
         let bias = mask.subtract(Array::from_f32(1.0))?.multiply(Array::from_f32(1e9))?;
         let bias = bias.reshape(&[b, 1, 1, l])?.as_dtype(x.dtype())?;
         let d = self.hidden / self.heads;
         let scale = (d as f32).powf(-0.5);
-        let host = super::host_matrix::enabled()
-            && super::host_matrix::sgemm_available()
-            && x.dtype() == Dtype::Float32;
-        for block in &self.blocks {
-            let qkv = block.qkv.forward(&x)?;
-            let a = if host {
-                self.host_attention(&qkv, lens, l as usize, scale)?
-            } else {
-                let heads = |i: i32| -> Result<Array> {
-                    let part = qkv.index((.., .., i * self.hidden..(i + 1) * self.hidden));
-                    Ok(part.reshape(&[b, l, self.heads, d])?.transpose_axes(&[0, 2, 1, 3])?)
-                };
-                let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
-                let a = scaled_dot_product_attention(&q, &k, &v, scale, &bias, None)?;
-                a.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, self.hidden])?
+        self.blocks(x, |qkv| {
+            let heads = |i: i32| -> Result<Array> {
+                let part = qkv.index((.., .., i * self.hidden..(i + 1) * self.hidden));
+                Ok(part.reshape(&[b, l, self.heads, d])?.transpose_axes(&[0, 2, 1, 3])?)
             };
+            let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
+            let a = scaled_dot_product_attention(&q, &k, &v, scale, &bias, None)?;
+            Ok(a.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, self.hidden])?)
+        })
+    }
+
+    /// `ids` [N]: B sequences' tokens one after another, `lens` their lengths → the last
+    /// hidden states [N, hidden]. No padding is computed: every step but attention treats
+    /// rows alone, and attention runs per sequence on the host. Only where `packs()`.
+    pub fn forward_packed(&self, ids: &[i32], lens: &[usize]) -> Result<Array> {
+        let n = ids.len() as i32;
+        let positions: Vec<i32> = lens.iter().flat_map(|&l| 0..l as i32).collect();
+        let x = self.words.take_axis(Array::from_slice(ids, &[n]), 0)?;
+        let x = x
+            .add(self.positions.take_axis(Array::from_slice(&positions, &[n]), 0)?)?
+            .add(&self.token_type)?;
+        let x = self.embed_norm.forward(&x, self.eps)?;
+        let mut spans = Vec::with_capacity(lens.len());
+        let mut at = 0;
+        for &len in lens {
+            spans.push((at, len));
+            at += len;
+        }
+        self.blocks(x, |qkv| self.host_attention(qkv, &spans))
+    }
+
+    /// The post-norm blocks over `x` (any leading shape), attention by `attend`: [.., 3 ·
+    /// hidden] of query, key and value → [.., hidden].
+    fn blocks(&self, mut x: Array, attend: impl Fn(&Array) -> Result<Array>) -> Result<Array> {
+        for block in &self.blocks {
+            let a = attend(&block.qkv.forward(&x)?)?;
             x = block.attention_norm.forward(&x.add(block.out.forward(&a)?)?, self.eps)?;
             let up = block.up.forward(&x)?;
             // MLX's CPU erf is a scalar loop on one core (host_gelu.rs); Metal's is not.
@@ -180,26 +215,22 @@ impl Bert {
     /// Attention on the host (CPU backend): each sequence over its own tokens only, so no
     /// padding is multiplied. MLX's CPU softmax runs its `exp` on one core, scalar: for 32
     /// sequences of 32 tokens it cost as much as a layer's largest product
-    /// (`host_attention.rs` has the figures). `qkv` [B, L, 3 · hidden] → [B, L, hidden],
-    /// padding rows zero.
-    fn host_attention(
-        &self,
-        qkv: &Array,
-        lens: &[usize],
-        width: usize,
-        scale: f32,
-    ) -> Result<Array> {
+    /// (`host_attention.rs` has the figures). `qkv` [N, 3 · hidden] → [N, hidden]; sequence
+    /// `s` is rows `spans[s].0..spans[s].0 + spans[s].1`, and rows in no span are zero.
+    fn host_attention(&self, qkv: &Array, spans: &[(usize, usize)]) -> Result<Array> {
         use super::host_attention::{attend, Cached, Mask};
+        let rows = qkv.shape()[0];
         let qkv = super::host_step::values(qkv)?;
         let (hidden, heads) = (self.hidden as usize, self.heads as usize);
         let d = hidden / heads;
-        let mut out = vec![0f32; lens.len() * width * hidden];
-        for (s, &n) in lens.iter().enumerate() {
+        let scale = (d as f32).powf(-0.5);
+        let mut out = vec![0f32; rows as usize * hidden];
+        for &(first, n) in spans {
             // [heads, n, d] for each of q, k and v, from rows [q | k | v].
             let split = |part: usize| {
                 let mut v = vec![0f32; heads * n * d];
                 for t in 0..n {
-                    let row = &qkv[(s * width + t) * 3 * hidden + part * hidden..][..hidden];
+                    let row = &qkv[(first + t) * 3 * hidden + part * hidden..][..hidden];
                     for h in 0..heads {
                         v[(h * n + t) * d..][..d].copy_from_slice(&row[h * d..][..d]);
                     }
@@ -217,10 +248,9 @@ impl Bert {
                 value_dim: d,
             };
             let a = attend(&q, heads, n, &cached, scale, &Mask::None);
-            out[s * width * hidden..][..n * hidden].copy_from_slice(&a);
+            out[first * hidden..][..n * hidden].copy_from_slice(&a);
         }
-        let shape = [lens.len() as i32, width as i32, self.hidden];
-        Ok(Array::from_slice(&out, &shape))
+        Ok(Array::from_slice(&out, &[rows, self.hidden]))
     }
 
     /// The dtype its weights compute in.

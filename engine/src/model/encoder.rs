@@ -1,12 +1,10 @@
 //! Sentence encoders, the second kind of model Perch serves (the first: decoders that chat):
 //! a folder in the sentence-transformers layout, whose `modules.json` names the network
 //! (a BERT-family transformer), its pooling (`1_Pooling/config.json`) and whether vectors are
-//! L2-normalised. Turns token ids into one vector per input, in padded batches.
+//! L2-normalised. Turns token ids into one vector per input, in packed or padded batches.
 
 use std::path::{Path, PathBuf};
 
-use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::transforms::eval;
 use mlx_rs::{Array, Dtype};
 use serde_json::Value;
 
@@ -162,10 +160,15 @@ pub struct Encoder {
     pub spec: EncoderSpec,
 }
 
-/// Sequences per forward pass, and padded tokens per pass: inputs are sorted by length, so a
-/// pass pads little, and its attention scores stay a few megabytes.
+/// Sequences per padded forward pass, and padded tokens per pass: inputs are sorted by
+/// length, so a pass pads little, and its attention scores stay a few megabytes.
 const BATCH_SEQUENCES: usize = 32;
 const BATCH_TOKENS: usize = 8192;
+/// Tokens per packed pass (`Bert::forward_packed`). Its largest buffer, the MLP's middle, is
+/// then 4096 × intermediate floats: 24 MiB for MiniLM, under the 32 MiB above which glibc
+/// maps (and on freeing unmaps) each buffer anew (`platform::tune_allocator`). Larger passes
+/// gained nothing: the products are as efficient from a few hundred rows.
+const PACKED_TOKENS: usize = 4096;
 
 impl Encoder {
     pub fn load(dir: &Path, dtype: ComputeDtype) -> Result<Encoder> {
@@ -208,6 +211,15 @@ impl Encoder {
                 self.spec.max_tokens
             )));
         }
+        if self.net.packs() {
+            self.embed_packed(inputs, PACKED_TOKENS)
+        } else {
+            self.embed_padded(inputs)
+        }
+    }
+
+    /// `embed` in padded passes of inputs of about one length.
+    fn embed_padded(&self, inputs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
         let mut order: Vec<usize> = (0..inputs.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(inputs[i].len()));
         let mut out = vec![vec![]; inputs.len()];
@@ -221,6 +233,32 @@ impl Encoder {
                 out[i] = v;
             }
             at += group.len();
+        }
+        Ok(out)
+    }
+
+    /// `embed` without padding: inputs in their order, as many per pass as fit `limit`
+    /// tokens (one alone when it is longer).
+    fn embed_packed(&self, inputs: &[Vec<u32>], limit: usize) -> Result<Vec<Vec<f32>>> {
+        let mut out = Vec::with_capacity(inputs.len());
+        let mut at = 0;
+        while at < inputs.len() {
+            let (mut end, mut tokens) = (at, 0);
+            while end < inputs.len() && (end == at || tokens + inputs[end].len() <= limit) {
+                tokens += inputs[end].len();
+                end += 1;
+            }
+            let group = &inputs[at..end];
+            let ids: Vec<i32> = group.iter().flatten().map(|&t| t as i32).collect();
+            let lens: Vec<usize> = group.iter().map(Vec::len).collect();
+            let h = self.net.forward_packed(&ids, &lens)?;
+            let h = super::host_step::values(&h)?;
+            let mut first = 0;
+            for &n in &lens {
+                out.push(self.pool(&h, first, n));
+                first += n;
+            }
+            at = end;
         }
         Ok(out)
     }
@@ -243,28 +281,38 @@ impl Encoder {
         let shape = [n, width as i32];
         let ids = Array::from_slice(&ids, &shape);
         let mask = Array::from_slice(&mask, &shape);
-        let h = self.net.forward(&ids, &mask, &lens)?.as_dtype(Dtype::Float32)?;
-        let m = mask.reshape(&[n, width as i32, 1])?;
-        let count = mask.sum_axis(1, true)?;
-        let pooled = match self.spec.pooling {
-            Pooling::Cls => h.index((.., 0, ..)),
-            Pooling::Mean => h.multiply(&m)?.sum_axis(1, false)?.divide(&count)?,
-            Pooling::MeanSqrtLen => h.multiply(&m)?.sum_axis(1, false)?.divide(count.sqrt()?)?,
-            Pooling::Max => {
-                let floor = Array::from_f32(f32::MIN);
-                mlx_rs::ops::select(&m.gt(Array::from_f32(0.5))?, &h, &floor)?.max_axis(1, false)?
+        let h = self.net.forward(&ids, &mask, &lens)?;
+        let h = super::host_step::values(&h)?;
+        Ok(lens.iter().enumerate().map(|(s, &len)| self.pool(&h, s * width, len)).collect())
+    }
+
+    /// Sentence vector of the `n` token rows from row `first` of `h` (rows of `dims` floats):
+    /// pooled as the spec says, then L2-normalised if it says so.
+    fn pool(&self, h: &[f32], first: usize, n: usize) -> Vec<f32> {
+        let dims = self.spec.dims;
+        let rows = h[first * dims..][..n * dims].chunks(dims);
+        let mut v = match self.spec.pooling {
+            Pooling::Cls => h[first * dims..][..dims].to_vec(),
+            Pooling::Max => rows.fold(vec![f32::MIN; dims], |mut m, r| {
+                m.iter_mut().zip(r).for_each(|(m, &x)| *m = m.max(x));
+                m
+            }),
+            Pooling::Mean | Pooling::MeanSqrtLen => {
+                let mut sum = vec![0f32; dims];
+                rows.for_each(|r| sum.iter_mut().zip(r).for_each(|(s, &x)| *s += x));
+                let by = match self.spec.pooling {
+                    Pooling::Mean => n as f32,
+                    _ => (n as f32).sqrt(),
+                };
+                sum.iter_mut().for_each(|s| *s /= by);
+                sum
             }
         };
-        let pooled = if self.spec.normalize {
-            let norm = pooled.square()?.sum_axis(1, true)?.sqrt()?;
-            pooled.divide(mlx_rs::ops::maximum(&norm, Array::from_f32(1e-12))?)?
-        } else {
-            pooled
-        };
-        eval([&pooled])?;
-        let flat: &[f32] = pooled.as_slice();
-        let dims = self.spec.dims;
-        Ok(flat.chunks(dims).map(<[f32]>::to_vec).collect())
+        if self.spec.normalize {
+            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+            v.iter_mut().for_each(|x| *x /= norm);
+        }
+        v
     }
 
     pub fn dtype(&self) -> Dtype {
@@ -337,5 +385,50 @@ mod tests {
         let none = folder(ST, "{}");
         std::fs::remove_file(none.path().join("modules.json")).unwrap();
         assert!(spec(&none).unwrap_err().to_string().contains("modules.json"));
+    }
+
+    /// all-MiniLM-L6-v2 (scripts/fetch-minilm) and sentence-transformers' goldens for it.
+    fn minilm() -> Option<(Encoder, Value)> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let dir = root.join(".deps/minilm/all-minilm-l6-v2");
+        if !dir.join("model.safetensors").is_file() {
+            assert!(std::env::var_os("CI").is_none(), "CI must fetch the encoder");
+            eprintln!("SKIPPED: all-MiniLM-L6-v2 missing (run scripts/fetch-minilm)");
+            return None;
+        }
+        let golden = root.join("tests/fixtures/embeddings/minilm-golden.json");
+        let golden = serde_json::from_str(&std::fs::read_to_string(golden).unwrap()).unwrap();
+        Some((Encoder::load(&dir, ComputeDtype::F32).unwrap(), golden))
+    }
+
+    #[test]
+    fn packed_and_padded_passes_both_give_sentence_transformers_vectors() {
+        let Some((encoder, g)) = minilm() else { return };
+        let list = |k: &str| g[k].as_array().unwrap().clone();
+        let ids: Vec<Vec<u32>> = list("corpus_ids")
+            .iter()
+            .map(|l| l.as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect())
+            .collect();
+        let want: Vec<Vec<f32>> = list("corpus_vectors")
+            .iter()
+            .map(|v| v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect())
+            .collect();
+        let cos = |a: &[f32], b: &[f32]| -> f32 {
+            let n = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+            a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>() / (n(a) * n(b))
+        };
+        // Inputs of many lengths in one call; the packed one in one pass and in passes of at
+        // most 64 tokens (the 256-token input then goes alone).
+        let mut runs = vec![("padded", encoder.embed_padded(&ids).unwrap())];
+        if encoder.net.packs() {
+            runs.push(("packed", encoder.embed_packed(&ids, PACKED_TOKENS).unwrap()));
+            runs.push(("packed by 64", encoder.embed_packed(&ids, 64).unwrap()));
+        }
+        for (how, got) in runs {
+            for (i, (v, w)) in got.iter().zip(&want).enumerate() {
+                let c = cos(v, w);
+                assert!(c >= 0.9999, "{how}: input {i} ({} tokens): cosine {c}", ids[i].len());
+            }
+        }
     }
 }

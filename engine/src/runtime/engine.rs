@@ -222,6 +222,7 @@ impl Engine {
     /// Start the MLX thread and load the configured model on it. Background work (load-time
     /// warmup, the ladder, keep-alive) starts with `start_background`.
     pub fn start(config: EngineConfig) -> Result<Engine> {
+        crate::platform::tune_allocator();
         // An id the catalog offers keeps that id (a cached repo's snapshot directory is named
         // by its commit); a directory is named by its last component.
         let (dir, id) = match config.catalog().resolve(&config.model) {

@@ -32,6 +32,7 @@ struct Part {
 /// Serve as rank `config.rank` for the model in `dir` until rank 0 leaves (Ok) or the group
 /// is lost (Err).
 pub fn run(config: &ShardConfig, dir: &Path, dtype: ComputeDtype) -> Result<(), ShardError> {
+    crate::platform::tune_allocator();
     let group = Group::form(&config.hostfile, config.rank, config.join_timeout)?;
     eprintln!("perch: rank {} of {} joined; waiting for rank 0's plan", group.rank, group.size);
     let mut part: Option<Part> = None;
