@@ -517,7 +517,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             }
             config.model_aliases = perch_engine::runtime::ModelAliases::new(aliases)
                 .map_err(|e| anyhow::anyhow!("--model-alias: {e}"))?;
-            let engine = Engine::start(config)?;
+            let engine_config = config;
             let log_dir = match log_dir.as_deref() {
                 Some("none") => None,
                 Some(d) => Some(PathBuf::from(d)),
@@ -544,10 +544,30 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 },
                 ..Default::default()
             };
-            let engine = std::sync::Arc::new(engine);
             let rt = tokio::runtime::Runtime::new()?;
-            rt.block_on(async {
-                let server = Server::start(engine.clone(), config).await?;
+            let engine = rt.block_on(async {
+                // Listen first: while the model loads (and a shard group forms, up to its
+                // join timeout) clients get a 503 that says so, not a refused connection.
+                let server = Server::bind(config.clone()).await?;
+                let loading = match &engine_config.shard {
+                    Some(s) => format!(
+                        "The model `{}` is loading and its shard group is forming (every rank \
+                         must join within {} s)",
+                        engine_config.model,
+                        s.join_timeout.as_secs_f64()
+                    ),
+                    None => format!("The model `{}` is loading", engine_config.model),
+                };
+                server.app_host.set_starting(loading);
+                eprintln!(
+                    "perch: listening on {}; loading {} (503 until it is ready)",
+                    server.url(),
+                    engine_config.model
+                );
+                let engine =
+                    tokio::task::spawn_blocking(move || Engine::start(engine_config)).await??;
+                let engine = std::sync::Arc::new(engine);
+                server.host(engine.clone(), config)?;
                 let id =
                     server.app().and_then(|a| a.engine.loaded()).map(|m| m.id).unwrap_or_default();
                 eprintln!("perch: serving {id} at {}/v1", server.url());
@@ -555,7 +575,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     eprintln!("perch: request log in {}", d.display());
                 }
                 server.run_until_signal().await;
-                anyhow::Ok(())
+                anyhow::Ok(engine)
             })?;
             engine.leave_shard_group();
         }

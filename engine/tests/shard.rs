@@ -2,7 +2,8 @@
 //! Two and three ranks answer greedily exactly as one process does (with the prefix cache,
 //! batched requests and prompt-lookup drafts), on the fixtures and on the default model; a
 //! rank killed mid-answer fails that answer and every later request, promptly, and /health
-//! says why; a rank that never joins or holds another model is a clear error at start.
+//! says why; a rank that never joins or holds another model is a clear error at start, and
+//! until then rank 0 answers 503 saying the group is forming.
 
 mod common;
 
@@ -317,6 +318,53 @@ fn a_rank_that_never_joins_or_holds_another_model_is_a_clear_error_at_start() {
         !ok && said.contains("rank 1: its model") && said.contains("is not rank 0's"),
         "{said}"
     );
+}
+
+/// While rank 0 waits for a rank that never joins, it already listens: /health and the API
+/// answer 503 `engine_starting` saying the group is forming, and when the join timeout ends
+/// rank 0 exits with the clear error (no hang, no refused connection before that).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_group_forms_rank_0_answers_503_and_says_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hosts = hostfile(tmp.path(), 2);
+    let mut rank0 = perch();
+    rank0.args(["serve", "--port", "0", "--log-dir", "none", "--model"]);
+    rank0.arg(common::fixture_dir("qwen2")).arg("--hostfile").arg(&hosts);
+    rank0.args(["--rank", "0", "--join-timeout", "8"]);
+    let started = Instant::now();
+    let mut child = rank0.stderr(Stdio::piped()).spawn().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let url = loop {
+        let line = rx.recv_timeout(Duration::from_secs(30)).expect("rank 0 said nothing");
+        if let Some(rest) = line.strip_prefix("perch: listening on ") {
+            break rest.split(';').next().unwrap().to_string();
+        }
+    };
+    let r = reqwest::get(format!("{url}/health")).await.unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    assert_eq!(r.headers()["retry-after"], "1");
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["code"], "engine_starting", "{e}");
+    let says = e["error"]["message"].as_str().unwrap();
+    assert!(says.contains("shard group is forming") && says.contains("within 8 s"), "{says}");
+    let chat = json!({"model": "qwen2", "messages": [{"role": "user", "content": "hi"}]});
+    let (status, e) = post(&url, "/v1/chat/completions", chat).await;
+    assert_eq!((status, &e["error"]["code"]), (503, &json!("engine_starting")), "{e}");
+    // Then the join timeout ends it, with the reason.
+    let mut said = String::new();
+    while let Ok(line) = rx.recv_timeout(Duration::from_secs(60)) {
+        said.push_str(&line);
+        said.push('\n');
+    }
+    let status = child.wait().unwrap();
+    assert!(!status.success() && said.contains("not every rank"), "{said}");
+    assert!(started.elapsed() < Duration::from_secs(60));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

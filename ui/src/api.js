@@ -78,6 +78,7 @@ export async function api(path, options) {
 export function explain(e) {
   switch (e.code) {
     case "engine_restarting":
+    case "engine_starting":
       return `The engine is restarting or loading (${e.message}). Try again in a moment.`;
     case "context_length_exceeded":
       return `This conversation no longer fits the model's context. Start a new chat, edit an earlier message, or raise the context length in Settings. (${e.message})`;

@@ -243,8 +243,8 @@ pub struct AppHost {
     /// The limits the guard applies; kept across restarts so a key never lapses.
     guard: RwLock<Arc<ServeConfig>>,
     control: RwLock<Option<Router>>,
-    /// Why there is no engine, for the 503.
-    unavailable: RwLock<String>,
+    /// Why there is no engine, for the 503: its `code` and message.
+    unavailable: RwLock<(&'static str, String)>,
     /// The chat window's conversations: kept through restarts, like the UI.
     conversations: RwLock<Option<Arc<crate::conversations::Store>>>,
     /// The chat's MCP servers: started when first needed, stopped at shutdown.
@@ -268,8 +268,14 @@ impl AppHost {
         self.control.read_now().clone().unwrap_or_default()
     }
 
+    /// No engine, because the one there was stopped or failed (code `engine_restarting`).
     pub fn set_unavailable(&self, why: impl Into<String>) {
-        *self.unavailable.write_now() = why.into();
+        *self.unavailable.write_now() = ("engine_restarting", why.into());
+    }
+
+    /// No engine yet: the first is loading (code `engine_starting`).
+    pub fn set_starting(&self, why: impl Into<String>) {
+        *self.unavailable.write_now() = ("engine_starting", why.into());
     }
 
     pub fn conversations(&self) -> Option<Arc<crate::conversations::Store>> {
@@ -319,9 +325,9 @@ async fn dispatch(State(app_host): State<Arc<AppHost>>, req: Request) -> Respons
     match hosted {
         Some(r) => r.oneshot(req).await.into_response(),
         None => {
-            let why = app_host.unavailable.read_now().clone();
+            let (code, why) = app_host.unavailable.read_now().clone();
             let mut r = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "engine_unavailable", why)
-                .code("engine_restarting")
+                .code(code)
                 .into_response_as(error::Dialect::of_path(req.uri().path()));
             r.headers_mut()
                 .insert(axum::http::header::RETRY_AFTER, axum::http::HeaderValue::from_static("1"));
@@ -426,7 +432,7 @@ impl Server {
             hosted: RwLock::new(None),
             guard: RwLock::new(Arc::new(config)),
             control: RwLock::new(None),
-            unavailable: RwLock::new("The engine is starting".into()),
+            unavailable: RwLock::new(("engine_restarting", "The engine is starting".into())),
             conversations: RwLock::new(None),
             mcp: RwLock::new(None),
         });
