@@ -134,6 +134,11 @@ impl Sequence {
         self.fed + 1 < self.prompt.len()
     }
 
+    /// Prompt tokens still to prefill (all but the last, which the first decode step feeds).
+    pub fn prefill_left(&self) -> usize {
+        self.prompt.len().saturating_sub(self.fed + 1)
+    }
+
     /// Whether it has ended (finished, cancelled or failed) and should leave the batch.
     pub fn ended(&self) -> bool {
         self.failed.is_some() || self.out.as_ref().is_none_or(|o| o.ended())

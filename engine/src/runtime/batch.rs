@@ -14,10 +14,11 @@ use crate::model::kv_cache::KvState;
 use crate::prefix_cache::CacheKey;
 use crate::sync::LockExt;
 
-/// Tokens one step feeds at most while some sequence is decoding: a prompt joining is
-/// prefilled this many tokens per step between the running streams' tokens, so no stream
-/// waits longer than one such step between two tokens (`perch bench --scenario concurrent`
-/// measures the gap). With nothing decoding, a step prefills one chunk (512 tokens).
+/// Prompt tokens one step feeds at most while some sequence is decoding (the `step_tokens`
+/// setting's default): a prompt joining is prefilled between the running streams' tokens,
+/// as many per step as keep the step within ~2.5 decode-only steps (`pace.rs`) up to this.
+/// `scripts/bench-concurrent` measures the streams' longest gap. With nothing decoding, a
+/// step prefills one chunk (512 tokens).
 pub const STEP_TOKENS: usize = 64;
 
 /// The most requests one batch may hold: each holds its own caches, and past this a step's
@@ -49,6 +50,8 @@ pub struct Batch {
     pub(super) slots: Vec<Slot>,
     pub(super) ticking: bool,
     pub(super) step_tokens: usize,
+    /// What a step costs, for how much of a joining prompt the next may take.
+    pub(super) pace: super::pace::Pace,
     pub(crate) stats: Arc<BatchStats>,
 }
 

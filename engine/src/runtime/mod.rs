@@ -15,6 +15,7 @@ pub mod ladder;
 pub mod lease;
 pub mod model_ref;
 pub mod observe;
+pub mod pace;
 mod prepare;
 mod prepare_pool;
 pub mod scheduler;

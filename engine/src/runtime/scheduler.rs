@@ -87,7 +87,16 @@ fn step_all(w: &mut Worker) {
     // eight joining prompts in one pass would hold every join and cancellation for its
     // whole length).
     let idle = GenerateParams::default().prefill_chunk;
-    let budget = if decoding { w.batch.step_tokens } else { idle.max(w.batch.step_tokens) };
+    // Beside decoding sequences, prompts that fit one step go in whole (short prompts keep
+    // their first token one step away); longer ones as the pace allows.
+    let longest = slots.iter().filter(|s| s.seq.prefilling()).map(|s| s.seq.prefill_left()).max();
+    let paced = decoding && longest.unwrap_or(0) > w.batch.step_tokens;
+    let budget = match (decoding, paced) {
+        (true, true) => w.batch.pace.budget(w.batch.step_tokens),
+        (true, false) => w.batch.step_tokens,
+        (false, _) => idle.max(w.batch.step_tokens),
+    };
+    let started = Instant::now();
     let mut groups: Vec<(String, Option<AdapterRef>)> = vec![];
     for s in &slots {
         let g = (s.model.clone(), s.adapter.clone());
@@ -126,6 +135,12 @@ fn step_all(w: &mut Worker) {
                 failed.extend(members.iter().map(|&i| (i, each(&e))));
             }
         }
+    }
+    // Only steps beside decoding ones teach the pace (an idle prompt's chunk is no one's gap).
+    if decoding && failed.is_empty() {
+        let paced = paced && rows.prefilled >= budget;
+        w.batch.pace.observe(rows.decoded, rows.prefilled, started.elapsed().as_secs_f64(), paced);
+        w.batch.pace.cap(w.batch.step_tokens);
     }
     w.batch.stats.count_step(rows);
     let mut kept = Vec::with_capacity(slots.len());
