@@ -69,12 +69,13 @@ pub extern "C" fn mach_approximate_time() -> u64 {
 /// Keep glibc from handing every large freed buffer back to the kernel at once. By default
 /// a free of more than 128 KiB unmaps it (or trims the heap) and the next buffer of that size
 /// faults in and zeroes fresh pages. The encoder's passes allocate and free buffers of a few
-/// megabytes at every layer: on a 2-core EPYC that churn was page faults, zeroing and
-/// `munmap` in the profile, and `scripts/bench-embeddings` at batch 256 took 920–973 ms per
-/// request with glibc's defaults against 748–776 ms with these two settings (the LLM's
-/// prefill and decode in `scripts/bench-shard` did not move). Freed memory above the heap's
-/// top beyond 128 MiB still goes back, and unloads call `malloc_trim(0)`, which returns all
-/// of it. Called once per process; a no-op elsewhere than glibc.
+/// megabytes at every layer. On a 2-core AMD EPYC (avx512f; OpenBLAS on its Haswell
+/// kernels) that churn was page faults, zeroing and `munmap` in the profile, and one
+/// `/v1/embeddings` request of `scripts/bench-embeddings`' 256 sentences took 920–973 ms
+/// (medians of 7) with glibc's defaults against 748–776 ms with these two settings, set
+/// through `GLIBC_TUNABLES`; the LLM's prefill and decode in `scripts/bench_shard.py` did not
+/// move. Freed memory above the heap's top beyond 128 MiB still goes back, and unloads call
+/// `malloc_trim(0)`, which returns all of it. Called once per process; a no-op elsewhere than glibc.
 pub fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {

@@ -143,20 +143,14 @@ impl Bert {
             && self.dtype() == Dtype::Float32
     }
 
-    /// `ids` [B, L] int32 (padded), `mask` [B, L] float (1 for tokens, 0 for padding), `lens`
-    /// the B sequences' lengths → the last hidden states [B, L, hidden].
-    pub fn forward(&self, ids: &Array, mask: &Array, lens: &[usize]) -> Result<Array> {
+    /// `ids` [B, L] int32 (padded), `mask` [B, L] float (1 for tokens, 0 for padding) → the
+    /// last hidden states [B, L, hidden], attention through MLX (the Metal path; the CPU
+    /// backend runs `forward_packed`).
+    pub fn forward(&self, ids: &Array, mask: &Array) -> Result<Array> {
         let (b, l) = (ids.shape()[0], ids.shape()[1]);
         let x = self.words.take_axis(ids, 0)?;
         let x = x.add(self.positions.index((0..l, ..)))?.add(&self.token_type)?;
         let x = self.embed_norm.forward(&x, self.eps)?;
-        if self.packs() {
-            let spans: Vec<_> =
-                lens.iter().enumerate().map(|(s, &n)| (s * l as usize, n)).collect();
-            let x = x.reshape(&[b * l, self.hidden])?;
-            let out = self.blocks(x, |qkv| self.host_attention(qkv, &spans))?;
-            return Ok(out.reshape(&[b, l, self.hidden])?);
-        }
         // Padding gets a large negative score in every row (not -inf: a row of padding only,
         // which no real sequence has, must not turn into NaN).
         let bias = mask.subtract(Array::from_f32(1.0))?.multiply(Array::from_f32(1e9))?;

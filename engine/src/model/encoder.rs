@@ -167,7 +167,8 @@ const BATCH_TOKENS: usize = 8192;
 /// Tokens per packed pass (`Bert::forward_packed`). Its largest buffer, the MLP's middle, is
 /// then 4096 × intermediate floats: 24 MiB for MiniLM, under the 32 MiB above which glibc
 /// maps (and on freeing unmaps) each buffer anew (`platform::tune_allocator`). Passes of 2048
-/// took as long: a batch of 256 sentences in 753–787 ms against 749–768 (2-core EPYC).
+/// took as long: a batch of 256 sentences in 753–787 ms against 749–768 (2-core AMD EPYC,
+/// avx512f, OpenBLAS on its Haswell kernels).
 const PACKED_TOKENS: usize = 4096;
 
 impl Encoder {
@@ -281,7 +282,7 @@ impl Encoder {
         let shape = [n, width as i32];
         let ids = Array::from_slice(&ids, &shape);
         let mask = Array::from_slice(&mask, &shape);
-        let h = self.net.forward(&ids, &mask, &lens)?;
+        let h = self.net.forward(&ids, &mask)?;
         let h = super::host_step::values(&h)?;
         Ok(lens.iter().enumerate().map(|(s, &len)| self.pool(&h, s * width, len)).collect())
     }
@@ -417,8 +418,8 @@ mod tests {
             let n = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
             a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>() / (n(a) * n(b))
         };
-        // Inputs of many lengths in one call; the packed one in one pass and in passes of at
-        // most 64 tokens (the 256-token input then goes alone).
+        // Inputs of many lengths in one call: padded (MLX's attention, as on Metal), packed in
+        // one pass, and packed in passes of at most 64 tokens (the 256-token input alone).
         let mut runs = vec![("padded", encoder.embed_padded(&ids).unwrap())];
         if encoder.net.packs() {
             runs.push(("packed", encoder.embed_packed(&ids, PACKED_TOKENS).unwrap()));

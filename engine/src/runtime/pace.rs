@@ -1,15 +1,15 @@
 //! How many prompt tokens a batch step may prefill while other sequences are decoding: as
 //! many as keep that step within about `TARGET` times a step that only decodes, learnt from
-//! the steps themselves. A prompt joining running streams then stretches no stream's gap
-//! between two tokens past ~3 steps; the joiner's own first token comes later instead.
+//! the steps themselves. A prompt joining running streams then stretches the streams' gaps
+//! by a bounded factor (measured 3.8–4.4 decode steps at most, docs/runtime.md §2); the
+//! joiner's own first token comes later instead.
 
 /// The step a prefill joins may take this many times a decode-only step; the aim sits below
 /// 3 because a prompt's later chunks attend over more context than the estimate has seen.
 pub const TARGET: f64 = 2.5;
-/// Never fewer prompt tokens than this per step, so a prompt always gets in.
+/// Never fewer prompt tokens than this per step, so a prompt always gets in; also the share
+/// before any step has shown what one costs.
 pub const MIN_PREFILL: usize = 8;
-/// Prompt tokens per step before any step has shown what one costs.
-pub const FIRST_PREFILL: usize = MIN_PREFILL;
 /// Weight of the newest decode-only step in the estimate of one.
 const ALPHA: f64 = 0.3;
 /// The most one step's evidence may shrink or grow the next step's prompt tokens.
@@ -28,8 +28,15 @@ pub struct Pace {
 
 impl Pace {
     /// A step ran: `decoded` sequences took a token and `prefilled` prompt tokens went in, in
-    /// `seconds`; `paced` when the prompt tokens were what `budget` allowed.
-    pub fn observe(&mut self, decoded: usize, prefilled: usize, seconds: f64, paced: bool) {
+    /// `seconds`; `paced` when the prompt tokens were what `budget(cap)` allowed.
+    pub fn observe(
+        &mut self,
+        decoded: usize,
+        prefilled: usize,
+        seconds: f64,
+        paced: bool,
+        cap: usize,
+    ) {
         if decoded == 0 || !seconds.is_finite() {
             return;
         }
@@ -43,7 +50,9 @@ impl Pace {
         if let (true, Some(decode)) = (paced, self.decode_s) {
             let ratio = seconds / decode.max(1e-6);
             let now = self.tokens.unwrap_or(prefilled as f64);
-            self.tokens = Some(now * (TARGET / ratio).clamp(SHRINK, GROW));
+            // Within what `cap` allows, so a long run of cheap steps cannot bank growth.
+            let next = now * (TARGET / ratio).clamp(SHRINK, GROW);
+            self.tokens = Some(next.clamp(MIN_PREFILL.min(cap) as f64, cap as f64));
         }
     }
 
@@ -51,16 +60,8 @@ impl Pace {
     /// `step_tokens` setting), at least `MIN_PREFILL` (or `cap`, if smaller).
     pub fn budget(&self, cap: usize) -> usize {
         let floor = MIN_PREFILL.min(cap);
-        let tokens = self.tokens.unwrap_or(FIRST_PREFILL as f64);
+        let tokens = self.tokens.unwrap_or(MIN_PREFILL as f64);
         (tokens.min(cap as f64) as usize).clamp(floor, cap)
-    }
-
-    /// Keep the learnt share within what `cap` allows, so a long run of cheap steps cannot
-    /// bank growth past it.
-    pub fn cap(&mut self, cap: usize) {
-        if let Some(t) = self.tokens.as_mut() {
-            *t = t.clamp(MIN_PREFILL.min(cap) as f64, cap as f64);
-        }
     }
 }
 
@@ -75,8 +76,7 @@ mod tests {
             .map(|_| {
                 let n = pace.budget(cap);
                 let took = decode + per_token * n as f64;
-                pace.observe(4, n, took, true);
-                pace.cap(cap);
+                pace.observe(4, n, took, true, cap);
                 took / decode
             })
             .collect()
@@ -85,9 +85,9 @@ mod tests {
     #[test]
     fn a_joining_prompt_keeps_each_step_within_three_decode_steps() {
         let mut pace = Pace::default();
-        assert_eq!(pace.budget(64), FIRST_PREFILL, "nothing learnt yet");
+        assert_eq!(pace.budget(64), MIN_PREFILL, "nothing learnt yet");
         for _ in 0..5 {
-            pace.observe(4, 0, 0.046, false);
+            pace.observe(4, 0, 0.046, false, 64);
         }
         // 5 ms a prompt token: 64 of them would make a step 8x a decode step.
         let ratios = run(&mut pace, 0.046, 0.005, 40, 64);
@@ -103,7 +103,7 @@ mod tests {
     #[test]
     fn the_setting_caps_it_and_a_prompt_always_gets_in() {
         let mut pace = Pace::default();
-        pace.observe(2, 0, 0.040, false);
+        pace.observe(2, 0, 0.040, false, 64);
         // Cheap tokens: the cap (`step_tokens`) holds.
         run(&mut pace, 0.040, 0.0001, 20, 64);
         assert_eq!(pace.budget(64), 64);
@@ -113,7 +113,7 @@ mod tests {
         assert_eq!(pace.budget(4), 4);
         // Steps with nothing decoding (a prompt alone) change nothing.
         let before = pace.budget(64);
-        pace.observe(0, 512, 9.0, false);
+        pace.observe(0, 512, 9.0, false, 64);
         assert_eq!(pace.budget(64), before);
     }
 }

@@ -139,8 +139,8 @@ fn step_all(w: &mut Worker) {
     // Only steps beside decoding ones teach the pace (an idle prompt's chunk is no one's gap).
     if decoding && failed.is_empty() {
         let paced = paced && rows.prefilled >= budget;
-        w.batch.pace.observe(rows.decoded, rows.prefilled, started.elapsed().as_secs_f64(), paced);
-        w.batch.pace.cap(w.batch.step_tokens);
+        let seconds = started.elapsed().as_secs_f64();
+        w.batch.pace.observe(rows.decoded, rows.prefilled, seconds, paced, w.batch.step_tokens);
     }
     w.batch.stats.count_step(rows);
     let mut kept = Vec::with_capacity(slots.len());
