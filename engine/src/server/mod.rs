@@ -7,6 +7,7 @@ pub(crate) mod body;
 mod conversations;
 pub mod error;
 mod exchange;
+pub(crate) mod field;
 #[cfg(test)]
 mod fuzz_tests;
 pub mod guard;

@@ -74,12 +74,20 @@ pub async fn metrics(State(app): State<Arc<App>>) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body).into_response()
 }
 
-/// The OpenAPI description, with the models this server has as the `model` enum.
+/// The OpenAPI description: `openapi.json`, with the request bodies that are Rust types
+/// generated from them, and the models this server has as their `model` enum.
 pub async fn openapi(State(app): State<Arc<App>>) -> Response {
+    use super::openai::request::{types, Endpoint};
     let mut doc: Value =
         serde_json::from_str(include_str!("openapi.json")).expect("openapi.json is valid JSON");
     let ids: Vec<Value> = model_list(&app).into_iter().map(|m| m["id"].clone()).collect();
-    doc["components"]["schemas"]["Sampling"]["properties"]["model"]["enum"] = Value::Array(ids);
+    for (name, endpoint) in
+        [("ChatRequest", Endpoint::Chat), ("CompletionRequest", Endpoint::Completion)]
+    {
+        let mut schema = types::schema(endpoint).clone();
+        schema["properties"]["model"]["enum"] = Value::Array(ids.clone());
+        doc["components"]["schemas"][name] = schema;
+    }
     doc["servers"] = json!([{"url": format!("http://{}:{}", app.config.host, app.config.port)}]);
     Json(doc).into_response()
 }

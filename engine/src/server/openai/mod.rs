@@ -4,7 +4,6 @@
 //! (`render`); nothing here touches the runtime otherwise.
 
 pub mod embeddings;
-mod fields;
 mod render;
 pub mod request;
 pub mod responses;

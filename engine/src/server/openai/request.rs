@@ -1,16 +1,23 @@
-//! Request bodies of `/v1/chat/completions` and `/v1/completions`, checked field by field so
-//! every error names the field (OpenAI's `param`).
+//! Request bodies of `/v1/chat/completions` and `/v1/completions`: read into their types
+//! (`request/types.rs`), then into a `Turn`, every error naming its field (OpenAI's `param`).
 
 use serde_json::{Map, Value};
 
-use super::fields;
-pub use super::fields::Endpoint;
 use crate::chat::ChatMessage;
 use crate::config::SamplingDefaults;
 use crate::decode::sampler::SamplingParams;
-use crate::runtime::{ModelRef, Prompt, ResponseFormat, Turn};
+use crate::runtime::{KeepAlive, ModelRef, Prompt, ResponseFormat, Turn};
 use crate::server::body::{self, kind, Body};
 use crate::server::error::ApiError;
+use crate::server::field::{self, Flag, Int, Json, Num, Text};
+use types::{ChatRequest, CompletionRequest};
+
+/// The endpoint a body is for: each has fields of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completion,
+}
 
 /// A request body: the turn it asks for and how it wants the answer.
 #[derive(Debug, Clone)]
@@ -36,172 +43,93 @@ pub fn parse_with(
     bytes: &[u8],
     defaults: &SamplingDefaults,
 ) -> Result<ParsedRequest, ApiError> {
-    let map = &body::object(bytes)?;
-    let b = Body(map);
-    fields::check(endpoint, map)?;
-    let model = b
-        .model("see GET /v1/models")?
-        .parse::<ModelRef>()
-        .map_err(|e| ApiError::invalid("model", e.to_string()))?;
-    let input = match endpoint {
-        Endpoint::Chat => Prompt::Messages(messages(b.get("messages"))?),
-        Endpoint::Completion => prompt(b.get("prompt"))?,
+    let mut map = body::object(bytes)?;
+    types::check(endpoint, &mut map)?;
+    match endpoint {
+        Endpoint::Chat => chat(field::typed_fields(map)?, defaults),
+        Endpoint::Completion => completion(field::typed_fields(map)?, defaults),
+    }
+}
+
+/// The fields both endpoints share, moved out of either body type.
+struct Shared {
+    max_tokens: Option<Int<1, { u32::MAX as i64 }>>,
+    temperature: Option<Num<0, 2>>,
+    top_p: Option<Num<0, 1, true>>,
+    top_k: Option<Int<0, { u32::MAX as i64 }>>,
+    min_p: Option<Num<0, 1>>,
+    presence_penalty: Option<Num<-2, 2>>,
+    frequency_penalty: Option<Num<-2, 2>>,
+    repetition_penalty: Option<Num<0, 10, true>>,
+    seed: Option<Int>,
+    n: Option<Int>,
+    stop: Option<Value>,
+    stream: Option<Flag>,
+    stream_options: Option<Value>,
+    logit_bias: Option<Value>,
+    keep_alive: Option<Value>,
+}
+
+macro_rules! shared {
+    ($b:ident) => {
+        Shared {
+            max_tokens: $b.max_tokens,
+            temperature: $b.temperature,
+            top_p: $b.top_p,
+            top_k: $b.top_k,
+            min_p: $b.min_p,
+            presence_penalty: $b.presence_penalty,
+            frequency_penalty: $b.frequency_penalty,
+            repetition_penalty: $b.repetition_penalty,
+            seed: $b.seed,
+            n: $b.n,
+            stop: $b.stop.map(|j| j.0),
+            stream: $b.stream,
+            stream_options: $b.stream_options.map(|j| j.0),
+            logit_bias: $b.logit_bias.map(|j| j.0),
+            keep_alive: $b.keep_alive.map(|j| j.0),
+        }
     };
-    if let Some(n) = b.integer("n", i64::MIN, i64::MAX)? {
-        if n != 1 {
+}
+
+fn chat(b: ChatRequest, defaults: &SamplingDefaults) -> Result<ParsedRequest, ApiError> {
+    let model = model(&b.model)?;
+    let input = Prompt::Messages(messages(Json::value(&b.messages))?);
+    let max_tokens = b.max_completion_tokens.or(b.max_tokens);
+    let on = Flag::get(b.logprobs);
+    if b.top_logprobs.is_some() && !on {
+        return Err(ApiError::invalid("top_logprobs", "`top_logprobs` needs `logprobs: true`"));
+    }
+    let logprobs = on.then_some(b.top_logprobs.map_or(0, |t| t.0 as usize));
+    if let Some(m) = Json::value(&b.modalities) {
+        if !m.as_array().is_some_and(|m| m.iter().all(|x| x == "text")) {
             return Err(ApiError::invalid(
-                "n",
-                format!("`n` must be 1 (one choice per request); got {n}"),
+                "modalities",
+                "`modalities`: only [\"text\"] is supported (no audio output)",
             )
             .code("unsupported_value"));
         }
     }
-    let max_key = if b.get("max_completion_tokens").is_some() {
-        "max_completion_tokens"
-    } else {
-        "max_tokens"
-    };
-    let max_tokens = b.integer(max_key, 1, i64::from(u32::MAX))?.map(|n| n as usize);
-    let d = SamplingParams::default();
-    let f = |x: Option<f64>, default: f32| x.map_or(default, |x| x as f32);
-    let sampling = SamplingParams {
-        temperature: f(
-            b.number("temperature", |x| (0.0..=2.0).contains(&x), "from 0 to 2")?,
-            defaults.temperature,
-        ),
-        top_p: f(b.number("top_p", |x| x > 0.0 && x <= 1.0, "in (0, 1]")?, defaults.top_p),
-        top_k: b.integer("top_k", 0, i64::from(u32::MAX))?.map_or(0, |k| k as u32),
-        min_p: f(b.number("min_p", |x| (0.0..=1.0).contains(&x), "from 0 to 1")?, d.min_p),
-        presence_penalty: f(
-            b.number("presence_penalty", |x| (-2.0..=2.0).contains(&x), "from -2 to 2")?,
-            0.0,
-        ),
-        frequency_penalty: f(
-            b.number("frequency_penalty", |x| (-2.0..=2.0).contains(&x), "from -2 to 2")?,
-            0.0,
-        ),
-        repetition_penalty: f(
-            b.number("repetition_penalty", |x| x > 0.0 && x <= 10.0, "in (0, 10]")?,
-            1.0,
-        ),
-        seed: b.integer("seed", i64::MIN, i64::MAX)?.map(|s| s as u64),
-        logit_bias: logit_bias(b.get("logit_bias"))?,
-    };
-    let stop = match b.get("stop") {
-        None => vec![],
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(list)) if list.len() <= MAX_STOPS => list
-            .iter()
-            .map(|v| {
-                v.as_str().map(String::from).ok_or_else(|| {
-                    ApiError::invalid("stop", "`stop` must be a string or a list of strings")
-                        .code("invalid_type")
-                })
-            })
-            .collect::<Result<_, _>>()?,
-        Some(Value::Array(_)) => {
-            return Err(ApiError::invalid(
-                "stop",
-                format!("`stop` may hold at most {MAX_STOPS} strings"),
-            ))
-        }
-        Some(v) => {
-            return Err(ApiError::invalid(
-                "stop",
-                format!("`stop` must be a string or a list of strings; got {}", kind(v)),
-            )
-            .code("invalid_type"))
-        }
-    };
-    let stream = b.boolean("stream")?.unwrap_or(false);
-    let include_usage = match b.get("stream_options") {
-        None => false,
-        Some(Value::Object(o)) => Body(o)
-            .boolean("include_usage")
-            .map_err(|e| ApiError { param: Some("stream_options.include_usage".into()), ..e })?
-            .unwrap_or(false),
-        Some(v) => {
-            return Err(ApiError::invalid(
-                "stream_options",
-                format!("`stream_options` must be an object; got {}", kind(v)),
-            )
-            .code("invalid_type"))
-        }
-    };
-    let logprobs = match endpoint {
-        Endpoint::Chat => {
-            let on = b.boolean("logprobs")?.unwrap_or(false);
-            let top = b.integer("top_logprobs", 0, MAX_TOP_LOGPROBS as i64)?;
-            if top.is_some() && !on {
-                return Err(ApiError::invalid(
-                    "top_logprobs",
-                    "`top_logprobs` needs `logprobs: true`",
-                ));
-            }
-            on.then_some(top.unwrap_or(0) as usize)
-        }
-        // Legacy completions: `logprobs` is the number of alternatives (0 to 5).
-        Endpoint::Completion => b.integer("logprobs", 0, 5)?.map(|n| n as usize),
-    };
-    let response_format = match b.get("response_format") {
-        None => ResponseFormat::Text,
-        Some(Value::Object(o)) => match o.get("type").and_then(|t| t.as_str()) {
-            Some("text") => ResponseFormat::Text,
-            Some("json_object") => ResponseFormat::JsonObject,
-            Some("json_schema") => json_schema(o.get("json_schema"))?,
-            Some(other) => {
-                return Err(ApiError::invalid(
-                    "response_format",
-                    format!(
-                        "`response_format.type` `{other}` is not supported (text, json_object, json_schema are)"
-                    ),
-                )
-                .code("unsupported_value"))
-            }
-            None => {
-                return Err(ApiError::invalid(
-                    "response_format",
-                    "`response_format` needs a `type`",
-                ))
-            }
-        },
-        Some(v) => {
-            return Err(ApiError::invalid(
-                "response_format",
-                format!("`response_format` must be an object; got {}", kind(v)),
-            )
-            .code("invalid_type"))
-        }
-    };
-    if endpoint == Endpoint::Completion {
-        for unsupported in ["suffix", "best_of"] {
-            if b.get(unsupported).is_some() {
-                return Err(ApiError::invalid(
-                    unsupported,
-                    format!("`{unsupported}` is not supported"),
-                )
-                .code("unsupported_parameter"));
-            }
-        }
-        if b.boolean("echo")? == Some(true) {
-            return Err(
-                ApiError::invalid("echo", "`echo` is not supported").code("unsupported_parameter")
-            );
+    let response_format = response_format(Json::value(&b.response_format))?;
+    let mut tool_fields = Map::new();
+    for (key, v) in [
+        ("tools", Json::value(&b.tools)),
+        ("tool_choice", Json::value(&b.tool_choice)),
+        ("functions", Json::value(&b.functions)),
+        ("function_call", Json::value(&b.function_call)),
+        ("parallel_tool_calls", b.parallel_tool_calls.map(|f| Value::Bool(f.0)).as_ref()),
+    ] {
+        if let Some(v) = v {
+            tool_fields.insert(key.into(), v.clone());
         }
     }
-    let tools = super::tools::parse(&b)?;
-    let mut template_kwargs = match b.get("chat_template_kwargs") {
+    let tools = super::tools::parse(&Body(&tool_fields))?;
+    let mut template_kwargs = match Json::value(&b.chat_template_kwargs) {
         None => Map::new(),
         Some(Value::Object(o)) => o.clone(),
-        Some(v) => {
-            return Err(ApiError::invalid(
-                "chat_template_kwargs",
-                format!("`chat_template_kwargs` must be an object; got {}", kind(v)),
-            )
-            .code("invalid_type"))
-        }
+        Some(v) => return Err(body::wrong_type("chat_template_kwargs", "an object", v)),
     };
-    match b.get("reasoning_effort") {
+    match Json::value(&b.reasoning_effort) {
         None => {}
         Some(Value::String(e)) if ["minimal", "low", "medium", "high"].contains(&e.as_str()) => {
             template_kwargs.insert("reasoning_effort".into(), Value::from(e.as_str()));
@@ -213,25 +141,152 @@ pub fn parse_with(
             ))
         }
     }
-    let keep_alive = b.keep_alive()?;
+    let mut shared = shared!(b);
+    shared.max_tokens = max_tokens;
+    let mut r = request(model, input, shared, defaults)?;
+    r.turn.logprobs = logprobs;
+    r.turn.response_format = response_format;
+    r.turn.tools = tools.tools;
+    r.turn.tool_choice = tools.choice;
+    r.turn.parallel_tool_calls = tools.parallel;
+    r.turn.template_kwargs = template_kwargs;
+    r.legacy_functions = tools.legacy;
+    Ok(r)
+}
+
+fn completion(
+    b: CompletionRequest,
+    defaults: &SamplingDefaults,
+) -> Result<ParsedRequest, ApiError> {
+    let model = model(&b.model)?;
+    let input = prompt(Json::value(&b.prompt))?;
+    if Flag::get(b.echo) {
+        return Err(
+            ApiError::invalid("echo", "`echo` is not supported").code("unsupported_parameter")
+        );
+    }
+    // Legacy completions: `logprobs` is the number of alternatives.
+    let logprobs = b.logprobs.map(|n| n.0 as usize);
+    let mut r = request(model, input, shared!(b), defaults)?;
+    r.turn.logprobs = logprobs;
+    Ok(r)
+}
+
+/// `model`: required, a non-empty string.
+fn model(v: &Option<Text>) -> Result<ModelRef, ApiError> {
+    match v {
+        Some(Text(s)) if !s.is_empty() => {
+            s.parse::<ModelRef>().map_err(|e| ApiError::invalid("model", e.to_string()))
+        }
+        _ => Err(ApiError::invalid("model", "`model` is required (see GET /v1/models)")
+            .code("missing_required_parameter")),
+    }
+}
+
+/// The turn both endpoints ask for, from their shared fields.
+fn request(
+    model: ModelRef,
+    input: Prompt,
+    b: Shared,
+    defaults: &SamplingDefaults,
+) -> Result<ParsedRequest, ApiError> {
+    if let Some(Int(n)) = b.n {
+        if n != 1 {
+            return Err(ApiError::invalid(
+                "n",
+                format!("`n` must be 1 (one choice per request); got {n}"),
+            )
+            .code("unsupported_value"));
+        }
+    }
+    let d = SamplingParams::default();
+    let sampling = SamplingParams {
+        temperature: Num::get(b.temperature, defaults.temperature),
+        top_p: Num::get(b.top_p, defaults.top_p),
+        top_k: b.top_k.map_or(0, |k| k.0 as u32),
+        min_p: Num::get(b.min_p, d.min_p),
+        presence_penalty: Num::get(b.presence_penalty, 0.0),
+        frequency_penalty: Num::get(b.frequency_penalty, 0.0),
+        repetition_penalty: Num::get(b.repetition_penalty, 1.0),
+        seed: b.seed.map(|s| s.0 as u64),
+        logit_bias: logit_bias(b.logit_bias.as_ref())?,
+    };
+    let stop = stop(b.stop.as_ref())?;
+    let include_usage = match &b.stream_options {
+        None => false,
+        Some(Value::Object(o)) => Body(o)
+            .boolean("include_usage")
+            .map_err(|e| ApiError { param: Some("stream_options.include_usage".into()), ..e })?
+            .unwrap_or(false),
+        Some(v) => return Err(body::wrong_type("stream_options", "an object", v)),
+    };
+    let keep_alive = b
+        .keep_alive
+        .as_ref()
+        .map(|v| KeepAlive::from_request(v).map_err(|e| ApiError::invalid("keep_alive", e)))
+        .transpose()?;
     Ok(ParsedRequest {
         turn: Turn {
-            max_tokens,
+            max_tokens: b.max_tokens.map(|n| n.0 as usize),
             keep_alive,
             sampling,
             stop,
-            logprobs,
-            response_format,
-            tools: tools.tools,
-            tool_choice: tools.choice,
-            parallel_tool_calls: tools.parallel,
-            template_kwargs,
             ..Turn::new(model, input)
         },
-        stream,
+        stream: Flag::get(b.stream),
         include_usage,
-        legacy_functions: tools.legacy,
+        legacy_functions: false,
     })
+}
+
+fn stop(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    match v {
+        None => Ok(vec![]),
+        Some(Value::String(s)) => Ok(vec![s.clone()]),
+        Some(Value::Array(list)) if list.len() <= MAX_STOPS => list
+            .iter()
+            .map(|v| {
+                v.as_str().map(String::from).ok_or_else(|| {
+                    ApiError::invalid("stop", "`stop` must be a string or a list of strings")
+                        .code("invalid_type")
+                })
+            })
+            .collect(),
+        Some(Value::Array(_)) => {
+            Err(ApiError::invalid("stop", format!("`stop` may hold at most {MAX_STOPS} strings")))
+        }
+        Some(v) => Err(ApiError::invalid(
+            "stop",
+            format!("`stop` must be a string or a list of strings; got {}", kind(v)),
+        )
+        .code("invalid_type")),
+    }
+}
+
+fn response_format(v: Option<&Value>) -> Result<ResponseFormat, ApiError> {
+    match v {
+        None => Ok(ResponseFormat::Text),
+        Some(Value::Object(o)) => match o.get("type").and_then(|t| t.as_str()) {
+            Some("text") => Ok(ResponseFormat::Text),
+            Some("json_object") => Ok(ResponseFormat::JsonObject),
+            Some("json_schema") => json_schema(o.get("json_schema")),
+            Some(other) => Err(ApiError::invalid(
+                "response_format",
+                format!(
+                    "`response_format.type` `{other}` is not supported (text, json_object, json_schema are)"
+                ),
+            )
+            .code("unsupported_value")),
+            None => {
+                Err(ApiError::invalid("response_format", "`response_format` needs a `type`"))
+            }
+        },
+        Some(v) => Err(ApiError::invalid(
+            "response_format",
+            format!("`response_format` must be an object; got {}", kind(v)),
+        )
+        .code("invalid_type")),
+    }
 }
 
 /// `response_format.json_schema`: `{"name", "schema"?, "strict"?, "description"?}`. The
@@ -466,6 +521,8 @@ fn prompt(v: Option<&Value>) -> Result<Prompt, ApiError> {
         Some(_) => Err(bad()),
     }
 }
+
+pub mod types;
 
 #[cfg(test)]
 mod tests;

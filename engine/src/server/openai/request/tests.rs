@@ -62,6 +62,30 @@ fn each_bad_field_is_named() {
     assert_eq!(err(Endpoint::Chat, "[1,2]").param.as_deref(), Some("body"));
 }
 
+/// The typed fields refuse in the words and codes the hand-read fields used.
+#[test]
+fn typed_fields_keep_the_words_and_codes_of_each_refusal() {
+    for (body, message, code) in [
+        (
+            r#"{"model":"m","messages":[],"temperature":"hot"}"#,
+            "`temperature` must be a number; got a string",
+            "invalid_type",
+        ),
+        (r#"{"model":"m","top_p":0}"#, "`top_p` must be in (0, 1]; got 0", "invalid_value"),
+        (
+            r#"{"model":"m","max_tokens":-1}"#,
+            "`max_tokens` must be an integer from 1 to 4294967295; got -1",
+            "invalid_value",
+        ),
+        (r#"{"model":"m","seed":1.5}"#, "`seed` must be an integer; got a number", "invalid_type"),
+        (r#"{"stream":"yes"}"#, "`stream` must be a boolean; got a string", "invalid_type"),
+        (r#"{"model":5}"#, "`model` must be a string; got a number", "invalid_type"),
+    ] {
+        let e = err(Endpoint::Chat, body);
+        assert_eq!((e.message.as_str(), e.code), (message, Some(code)), "{body}");
+    }
+}
+
 #[test]
 fn good_requests_parse() {
     let r = parse(Endpoint::Chat, br#"{"model":"m","messages":[{"role":"developer","content":[{"type":"text","text":"be brief"}]},{"role":"user","content":"hi"}],"max_tokens":5,"stop":["a","b"],"seed":3,"stream":true,"stream_options":{"include_usage":true},"logprobs":true,"top_logprobs":2,"response_format":{"type":"json_object"},"user":"u1","metadata":{"a":"b"}}"#).unwrap();

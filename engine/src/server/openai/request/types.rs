@@ -1,0 +1,353 @@
+//! The bodies of `/v1/chat/completions` and `/v1/completions` as Rust types: the one place
+//! their fields are declared. The unknown-field check, `/openapi.json`'s `ChatRequest` and
+//! `CompletionRequest`, and the field tables of docs/api-fields.md are all read from these
+//! types, so a new field is one line here (plus the code that honours it).
+
+use std::sync::OnceLock;
+
+use schemars::generate::SchemaSettings;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::Endpoint;
+use crate::server::error::ApiError;
+use crate::server::field::{Described, Flag, Ignored, Int, Json, Num, Text};
+
+const U32: i64 = u32::MAX as i64;
+
+/// Declares a body type: its own fields, then those both endpoints share. (A macro because
+/// serde's `flatten` loses the field path that every refusal names.)
+macro_rules! completions_body {
+    ($(#[$m:meta])* pub struct $name:ident { $($(#[$fm:meta])* pub $f:ident: $t:ty,)* }) => {
+        #[derive(Debug, Deserialize, JsonSchema)]
+        #[serde(deny_unknown_fields)]
+        $(#[$m])*
+        pub struct $name {
+            /// An installed model's id, or `id+adapter` (GET /v1/models lists them).
+            #[schemars(with = "Text")]
+            pub model: Option<Text>,
+            $($(#[$fm])* pub $f: $t,)*
+            /// Capped by the server's cap and the context's room.
+            pub max_tokens: Option<Int<1, U32>>,
+            pub temperature: Option<Num<0, 2>>,
+            pub top_p: Option<Num<0, 1, true>>,
+            pub top_k: Option<Int<0, U32>>,
+            pub min_p: Option<Num<0, 1>>,
+            pub presence_penalty: Option<Num<-2, 2>>,
+            pub frequency_penalty: Option<Num<-2, 2>>,
+            pub repetition_penalty: Option<Num<0, 10, true>>,
+            pub seed: Option<Int>,
+            /// 1 only (one choice per request).
+            #[schemars(extend("enum" = [1]))]
+            pub n: Option<Int>,
+            pub stop: Option<Json<Stop>>,
+            pub stream: Option<Flag>,
+            /// `include_usage`: a last chunk with the usage.
+            pub stream_options: Option<Json<StreamOptions>>,
+            /// Token id → bias from -100 to 100, added to the logits.
+            pub logit_bias: Option<Json<LogitBias>>,
+            /// Ollama's: seconds or a duration (`"5m"`); `0` unloads the model when the request
+            /// is done, negative keeps it loaded; without it the engine's own (`keep_alive_s`).
+            pub keep_alive: Option<Json<KeepAlive>>,
+            /// A label for a hosted service's accounting (ignored).
+            #[schemars(extend("x-perch" = "ignored"))]
+            pub user: Option<Json<Ignored>>,
+            /// Labels for a hosted service (ignored).
+            #[schemars(extend("x-perch" = "ignored"))]
+            pub metadata: Option<Json<Ignored>>,
+            /// A hosted service's storage (ignored).
+            #[schemars(extend("x-perch" = "ignored"))]
+            pub store: Option<Json<Ignored>>,
+            /// A hosted service's routing (ignored).
+            #[schemars(extend("x-perch" = "ignored"))]
+            pub service_tier: Option<Json<Ignored>>,
+            /// A hosted cache's key (ignored: the prefix cache finds shared prefixes by their
+            /// tokens; `usage.prompt_tokens_details.cached_tokens` says what it supplied).
+            #[schemars(extend("x-perch" = "ignored"))]
+            pub prompt_cache_key: Option<Json<Ignored>>,
+            /// A hosted service's abuse tracking (ignored).
+            #[schemars(extend("x-perch" = "ignored"))]
+            pub safety_identifier: Option<Json<Ignored>>,
+        }
+    };
+}
+
+completions_body! {
+    /// `POST /v1/chat/completions`.
+    #[schemars(extend("required" = ["model", "messages"]))]
+    pub struct ChatRequest {
+        /// The conversation; content as a string or text parts; `developer` counts as `system`.
+        #[schemars(with = "Json<Messages>")]
+        pub messages: Option<Json<Messages>>,
+        /// The newer name of `max_tokens`.
+        pub max_completion_tokens: Option<Int<1, U32>>,
+        pub logprobs: Option<Flag>,
+        /// Needs `logprobs: true`.
+        pub top_logprobs: Option<Int<0, 20>>,
+        /// `text`, `json_object` (one JSON object) or `json_schema` (always enforced).
+        pub response_format: Option<Json<ResponseFormat>>,
+        /// Rendered by the model's own chat template; calls come back as `tool_calls`.
+        pub tools: Option<Json<Tools>>,
+        /// `auto`, `none`, `required` or a named function (forced by a grammar).
+        pub tool_choice: Option<Json<ToolChoice>>,
+        /// `false`: one call at most.
+        pub parallel_tool_calls: Option<Flag>,
+        /// The legacy form of `tools`: answered with `function_call`.
+        pub functions: Option<Json<Tools>>,
+        /// The legacy form of `tool_choice`.
+        pub function_call: Option<Json<ToolChoice>>,
+        /// Passed to the chat template as `reasoning_effort`.
+        pub reasoning_effort: Option<Json<ReasoningEffort>>,
+        /// Passed to the chat template (`enable_thinking`, …).
+        pub chat_template_kwargs: Option<Json<TemplateKwargs>>,
+        /// `["text"]` only.
+        pub modalities: Option<Json<Modalities>>,
+    }
+}
+
+completions_body! {
+    /// `POST /v1/completions`.
+    #[schemars(extend("required" = ["model", "prompt"]))]
+    pub struct CompletionRequest {
+        /// A string, a list of one string, or a list of token ids.
+        #[schemars(with = "Json<PromptInput>")]
+        pub prompt: Option<Json<PromptInput>>,
+        /// The number of alternatives per token (0 to 5).
+        pub logprobs: Option<Int<0, 5>>,
+        /// `false` only.
+        #[schemars(extend("enum" = [false]))]
+        pub echo: Option<Flag>,
+    }
+}
+
+/// Fields Perch knows and cannot honour, per endpoint (`None`: both): a 400 naming each.
+pub const REFUSED: &[(&str, Option<Endpoint>, &str)] = &[
+    ("prediction", None, "`prediction`: predicted outputs are not supported"),
+    ("audio", None, "`audio`: audio output is not supported"),
+    ("web_search_options", None, "`web_search_options`: web search is not supported"),
+    ("suffix", Some(Endpoint::Completion), "`suffix` is not supported"),
+    ("best_of", Some(Endpoint::Completion), "`best_of` is not supported"),
+];
+
+/// Every field of `map` is one the endpoint's type declares, or a 400 naming it: refused
+/// fields with their reason, others as unknown. `null` counts as absent, so a field sent as
+/// `null` leaves the map (a refused one too: it asks for nothing).
+pub fn check(endpoint: Endpoint, map: &mut Map<String, Value>) -> Result<(), ApiError> {
+    let declared = fields(endpoint);
+    for (key, v) in map.iter() {
+        if v.is_null() {
+            continue;
+        }
+        if let Some((_, _, why)) =
+            REFUSED.iter().find(|(k, e, _)| k == key && e.is_none_or(|e| e == endpoint))
+        {
+            return Err(ApiError::invalid(key, *why).code("unsupported_parameter"));
+        }
+        if !declared.iter().any(|f| f == key) {
+            return Err(ApiError::invalid(
+                key,
+                format!("Unrecognized request argument supplied: {key}"),
+            )
+            .code("unknown_parameter"));
+        }
+    }
+    map.retain(|_, v| !v.is_null());
+    Ok(())
+}
+
+/// The endpoint's body as an OpenAPI 3.0 schema, generated from its type.
+pub fn schema(endpoint: Endpoint) -> &'static Value {
+    static CHAT: OnceLock<Value> = OnceLock::new();
+    static COMPLETION: OnceLock<Value> = OnceLock::new();
+    let generate = |s: schemars::Schema| {
+        let mut v = s.to_value();
+        if let Some(o) = v.as_object_mut() {
+            o.remove("$schema");
+            o.remove("title");
+        }
+        v
+    };
+    let settings = SchemaSettings::openapi3();
+    match endpoint {
+        Endpoint::Chat => CHAT.get_or_init(|| {
+            generate(settings.into_generator().into_root_schema_for::<ChatRequest>())
+        }),
+        Endpoint::Completion => COMPLETION.get_or_init(|| {
+            generate(settings.into_generator().into_root_schema_for::<CompletionRequest>())
+        }),
+    }
+}
+
+/// The fields the endpoint's type declares, in their order.
+pub fn fields(endpoint: Endpoint) -> Vec<&'static str> {
+    schema(endpoint)["properties"]
+        .as_object()
+        .map_or(vec![], |p| p.keys().map(|k| k.as_str()).collect::<Vec<_>>())
+}
+
+/// docs/api-fields.md's tables, generated from the types (kept in step by a test).
+pub fn field_tables() -> String {
+    let mut honoured = String::from("| field | on | value | notes |\n| --- | --- | --- | --- |\n");
+    let mut ignored = String::from("| field | notes |\n| --- | --- |\n");
+    let (chat, completion) = (schema(Endpoint::Chat), schema(Endpoint::Completion));
+    let mut rows: Vec<(&str, &str, &Value)> = vec![];
+    for (on, s) in [("chat", chat), ("completions", completion)] {
+        for (name, p) in s["properties"].as_object().into_iter().flatten() {
+            match rows.iter_mut().find(|(n, _, q)| n == name && *q == p) {
+                Some(row) => row.1 = "both",
+                None => rows.push((name, on, p)),
+            }
+        }
+    }
+    for (name, on, p) in rows {
+        let notes = p["description"].as_str().unwrap_or("").replace('\n', " ");
+        if p["x-perch"] == "ignored" {
+            ignored += &format!("| `{name}` | {notes} |\n");
+        } else {
+            honoured += &format!("| `{name}` | {on} | {} | {notes} |\n", value(p));
+        }
+    }
+    let refused: Vec<String> = REFUSED
+        .iter()
+        .map(|(k, e, _)| match e {
+            None => format!("`{k}`"),
+            Some(_) => format!("`{k}` (completions)"),
+        })
+        .collect();
+    format!(
+        "### Honoured\n\n{honoured}\n### Refused by name\n\n{}, and `modalities` other than text, \
+         `echo: true`.\n\n### Accepted and ignored on purpose\n\n{ignored}",
+        refused.join(", ")
+    )
+}
+
+/// A field's kind and bounds, in a few words, as its schema says them.
+fn value(p: &Value) -> String {
+    // An optional `oneOf` comes as `anyOf: [the schema, null]`.
+    let p = match &p["anyOf"] {
+        Value::Array(alts) => alts.iter().find(|a| a["nullable"] != true).unwrap_or(p),
+        _ => p,
+    };
+    let kind = match (&p["type"], &p["oneOf"]) {
+        (Value::String(t), _) => t.clone(),
+        (_, Value::Array(alts)) => {
+            let mut kinds: Vec<&str> = alts.iter().filter_map(|a| a["type"].as_str()).collect();
+            kinds.dedup();
+            kinds.join(" or ")
+        }
+        _ => "any".into(),
+    };
+    let (lo, hi) = (&p["minimum"], &p["maximum"]);
+    let open = p["exclusiveMinimum"] == true;
+    match (lo.is_null(), hi.is_null(), &p["enum"]) {
+        (_, _, Value::Array(e)) => e
+            .iter()
+            .filter(|v| !v.is_null())
+            .map(|v| format!("`{v}`"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        (false, false, _) if open => format!("{kind} in ({lo}, {hi}]"),
+        (false, false, _) => format!("{kind} from {lo} to {hi}"),
+        (false, true, _) => format!("{kind} ≥ {lo}"),
+        _ => kind,
+    }
+}
+
+/// The schemas of the fields their own parsers read (`request.rs`, `tools.rs`).
+macro_rules! described {
+    ($($name:ident => $schema:tt;)*) => {$(
+        pub struct $name;
+        impl Described for $name {
+            const NAME: &'static str = stringify!($name);
+            fn schema() -> Value {
+                json!($schema)
+            }
+        }
+    )*};
+}
+
+described! {
+    Stop => {"oneOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "string"}, "maxItems": super::MAX_STOPS}
+    ]};
+    StreamOptions => {"type": "object", "properties": {"include_usage": {"type": "boolean"}}};
+    LogitBias => {"type": "object", "maxProperties": 1024,
+        "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}};
+    KeepAlive => {"oneOf": [
+        {"type": "number"},
+        {"type": "string", "pattern": "^-?[0-9.]+(ns|us|ms|s|m|h)?([0-9.]+(ns|us|ms|s|m|h))*$"}
+    ]};
+    Messages => {"type": "array", "minItems": 1, "items": {
+        "type": "object",
+        "required": ["role"],
+        "properties": {
+            "role": {"type": "string",
+                "enum": ["system", "developer", "user", "assistant", "tool", "function"]},
+            "content": {"nullable": true, "oneOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "object", "required": ["type", "text"],
+                    "properties": {"type": {"type": "string", "enum": ["text"]},
+                        "text": {"type": "string"}}}}
+            ]},
+            "name": {"type": "string"},
+            "tool_calls": {"type": "array", "items": {"type": "object"}},
+            "tool_call_id": {"type": "string"}
+        }
+    }};
+    ResponseFormat => {"type": "object", "required": ["type"], "properties": {
+        "type": {"type": "string", "enum": ["text", "json_object", "json_schema"]},
+        "json_schema": {"type": "object", "required": ["name"], "properties": {
+            "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+            "description": {"type": "string"},
+            "schema": {"type": "object"},
+            "strict": {"type": "boolean", "nullable": true}
+        }}
+    }};
+    Tools => {"type": "array", "maxItems": super::super::tools::MAX_TOOLS,
+        "items": {"type": "object"}};
+    ToolChoice => {"oneOf": [{"type": "string"}, {"type": "object"}]};
+    ReasoningEffort => {"type": "string", "enum": ["minimal", "low", "medium", "high"]};
+    TemplateKwargs => {"type": "object"};
+    Modalities => {"type": "array", "items": {"type": "string", "enum": ["text"]}};
+    PromptInput => {"oneOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1},
+        {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+    ]};
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// docs/api-fields.md holds the tables the types generate; `UPDATE_DOCS=1` rewrites them.
+    #[test]
+    fn the_field_tables_in_the_docs_are_the_types() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/api-fields.md");
+        let doc = std::fs::read_to_string(path).unwrap();
+        let (begin, end) = ("<!-- fields: generated -->\n", "<!-- fields: end -->");
+        let (head, rest) = doc.split_once(begin).expect("the generated section's start marker");
+        let (_, tail) = rest.split_once(end).expect("the generated section's end marker");
+        let want = format!("{head}{begin}{}{end}{tail}", field_tables());
+        if std::env::var_os("UPDATE_DOCS").is_some() {
+            std::fs::write(path, &want).unwrap();
+        }
+        assert!(doc == want, "docs/api-fields.md is behind the types: run with UPDATE_DOCS=1");
+    }
+
+    #[test]
+    fn the_schema_carries_each_bound_of_the_types() {
+        let s = schema(Endpoint::Chat);
+        let p = &s["properties"];
+        assert_eq!(p["temperature"]["maximum"], 2, "{s}");
+        assert_eq!(p["top_p"]["exclusiveMinimum"], true);
+        assert_eq!(p["top_logprobs"]["maximum"], 20);
+        assert_eq!(p["n"]["enum"], json!([1]));
+        assert_eq!(p["temperature"]["nullable"], true);
+        assert_eq!(s["required"], json!(["model", "messages"]));
+        assert!(fields(Endpoint::Completion).contains(&"prompt"));
+        assert!(!fields(Endpoint::Completion).contains(&"messages"));
+    }
+}
