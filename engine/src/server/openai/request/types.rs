@@ -66,6 +66,9 @@ macro_rules! completions_body {
             /// tokens; `usage.prompt_tokens_details.cached_tokens` says what it supplied).
             #[schemars(extend("x-perch" = "ignored"))]
             pub prompt_cache_key: Option<Json<Ignored>>,
+            /// How long a hosted cache keeps the prompt (ignored: the prefix cache has its own).
+            #[schemars(extend("x-perch" = "ignored"))]
+            pub prompt_cache_retention: Option<Json<Ignored>>,
             /// A hosted service's abuse tracking (ignored).
             #[schemars(extend("x-perch" = "ignored"))]
             pub safety_identifier: Option<Json<Ignored>>,
