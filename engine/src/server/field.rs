@@ -1,56 +1,95 @@
 //! The value types of a typed request body's fields (`Num`, `Int`, `Flag`, `Text`, `Json`):
-//! each reads one JSON value, refuses a wrong kind or a value out of its bounds in the words
-//! every endpoint uses, and describes itself to `/openapi.json` with the same bounds, so a
-//! bound is written once, in the field's type (`Num<0, 2>` is "a number from 0 to 2").
-//! `typed_fields` reads a body into such a type and adds the field's path to the words.
+//! each reads one JSON value, refuses a wrong kind or a value out of its bounds, and describes
+//! itself to `/openapi.json` with the same bounds, so a bound is written once, in the field's
+//! type (`Num<0, 2>` is "a number from 0 to 2"). `typed_fields` reads a body into such a type
+//! and words a refusal as its protocol does, with the field's path.
 
 use std::borrow::Cow;
-use std::fmt::Display;
 
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
-use serde::de::{Deserialize, Deserializer, Error};
+use serde::de::{Deserializer, Error};
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::body::kind;
 use super::error::ApiError;
 
-/// Between a refusal's code and its words in a serde error, so that the code survives serde
-/// (whose custom errors are text) and `typed_fields` can give it back to the `ApiError`.
-const SEP: char = '\u{1f}';
-
-fn refuse<E: Error>(code: &str, words: impl Display) -> E {
-    E::custom(format!("{code}{SEP}{words}"))
+/// What a field type refuses, before a protocol words it (`Words`).
+#[derive(Debug, Serialize, Deserialize)]
+enum Refusal {
+    /// The wrong JSON kind: what the field takes ("a number") and what came ("a string").
+    Kind { want: String, got: String },
+    /// A number outside the field's bounds (above `lo` only, when `open`).
+    Range { lo: i64, hi: i64, open: bool, integer: bool, got: String },
 }
 
-/// A serde error's code and words, as `refuse` wrote them; `None` for serde's own errors.
-fn split(message: &str) -> Option<(&'static str, &str)> {
-    let (code, words) = message.split_once(SEP)?;
-    let code =
-        ["invalid_type", "invalid_value", "unsupported_value"].into_iter().find(|c| *c == code)?;
-    Some((code, words))
+/// Ahead of a `Refusal` in a serde error (whose custom errors are text), so `typed_fields`
+/// can tell the field types' refusals from serde's own errors and read them back.
+const MARK: char = '\u{1f}';
+
+impl Refusal {
+    fn into_error<E: Error>(self) -> E {
+        E::custom(format!("{MARK}{}", serde_json::to_string(&self).unwrap_or_default()))
+    }
+
+    fn read(message: &str) -> Option<Refusal> {
+        serde_json::from_str(message.strip_prefix(MARK)?).ok()
+    }
+}
+
+/// How a protocol words a refusal: OpenAI's and Ollama's "`temperature` must be from 0 to 2;
+/// got 3", Anthropic's "temperature: must be in [0, 1]; got 2".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Words {
+    OpenAi,
+    Anthropic,
+}
+
+impl Words {
+    fn say(self, field: &str, r: &Refusal) -> ApiError {
+        let head = match self {
+            Words::OpenAi => format!("`{field}` must be"),
+            Words::Anthropic => format!("{field}: must be"),
+        };
+        match r {
+            Refusal::Kind { want, got } => {
+                ApiError::invalid(field, format!("{head} {want}; got {got}")).code("invalid_type")
+            }
+            Refusal::Range { lo, hi, integer: true, got, .. } => {
+                ApiError::invalid(field, format!("{head} an integer from {lo} to {hi}; got {got}"))
+            }
+            Refusal::Range { lo, hi, open, got, .. } => {
+                let range = match (self, open) {
+                    (_, true) => format!("in ({lo}, {hi}]"),
+                    (Words::OpenAi, false) => format!("from {lo} to {hi}"),
+                    (Words::Anthropic, false) => format!("in [{lo}, {hi}]"),
+                };
+                ApiError::invalid(field, format!("{head} {range}; got {got}"))
+            }
+        }
+    }
 }
 
 /// The fields of `map` read as `T`, a body type whose fields are `server::field` types: a
-/// wrong kind or a value out of bounds is refused by its path (`stream_options`), in the
-/// field type's words and with its code. The caller has checked the field names.
+/// wrong kind or a value out of bounds is refused by its path (`options.top_k`), worded as
+/// the protocol words it. The caller has checked the field names.
 pub fn typed_fields<T: serde::de::DeserializeOwned>(
     map: Map<String, Value>,
+    words: Words,
 ) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(Value::Object(map)).map_err(|e| {
         let path = e.path().to_string();
         let param = if path == "." { "body" } else { &path };
         let inner = e.inner().to_string();
-        match split(&inner) {
-            Some((code, words)) => {
-                ApiError::invalid(param, format!("`{param}` {words}")).code(code)
-            }
+        match Refusal::read(&inner) {
+            Some(r) => words.say(param, &r),
             None => ApiError::invalid(param, inner),
         }
     })
 }
 
 fn wrong_kind<E: Error>(want: &str, v: &Value) -> E {
-    refuse("invalid_type", format!("must be {want}; got {}", kind(v)))
+    Refusal::Kind { want: want.into(), got: kind(v).into() }.into_error()
 }
 
 /// A number from `LO` to `HI` (above `LO` when `OPEN`), checked as given and as the `f32`
@@ -76,8 +115,8 @@ impl<'de, const LO: i64, const HI: i64, const OPEN: bool> Deserialize<'de> for N
         if Self::within(x) && Self::within(x as f32 as f64) {
             return Ok(Num(x));
         }
-        let range = if OPEN { format!("in ({LO}, {HI}]") } else { format!("from {LO} to {HI}") };
-        Err(refuse("invalid_value", format!("must be {range}; got {x}")))
+        Err(Refusal::Range { lo: LO, hi: HI, open: OPEN, integer: false, got: x.to_string() }
+            .into_error())
     }
 }
 
@@ -107,10 +146,14 @@ impl<'de, const LO: i64, const HI: i64> Deserialize<'de> for Int<LO, HI> {
         let v = Value::deserialize(d)?;
         match v.as_i64() {
             Some(x) if (LO..=HI).contains(&x) => Ok(Int(x)),
-            Some(x) => Err(refuse(
-                "invalid_value",
-                format!("must be an integer from {LO} to {HI}; got {x}"),
-            )),
+            Some(x) => Err(Refusal::Range {
+                lo: LO,
+                hi: HI,
+                open: false,
+                integer: true,
+                got: x.to_string(),
+            }
+            .into_error()),
             None => Err(wrong_kind("an integer", &v)),
         }
     }
@@ -239,4 +282,64 @@ impl Described for Ignored {
     fn schema() -> Value {
         serde_json::json!({})
     }
+}
+
+/// An object, kept as sent.
+#[derive(Debug, Clone)]
+pub struct Object(pub Map<String, Value>);
+
+impl<'de> Deserialize<'de> for Object {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::Object(o) => Ok(Object(o)),
+            v => Err(wrong_kind("an object", &v)),
+        }
+    }
+}
+
+impl JsonSchema for Object {
+    fn inline_schema() -> bool {
+        true
+    }
+    fn schema_name() -> Cow<'static, str> {
+        "Object".into()
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({ "type": "object" })
+    }
+}
+
+/// Declares the hand-written schemas of `Json` fields: `Name => {json};`.
+macro_rules! described {
+    ($($(#[$m:meta])* $name:ident => $schema:tt;)*) => {$(
+        $(#[$m])*
+        pub struct $name;
+        impl $crate::server::field::Described for $name {
+            const NAME: &'static str = stringify!($name);
+            fn schema() -> serde_json::Value {
+                serde_json::json!($schema)
+            }
+        }
+    )*};
+}
+pub(crate) use described;
+
+described! {
+    /// `keep_alive` (Ollama's, on every protocol): seconds or a duration (`"5m"`).
+    KeepAlive => {"oneOf": [
+        {"type": "number"},
+        {"type": "string", "pattern": "^-?[0-9.]+(ns|us|ms|s|m|h)?([0-9.]+(ns|us|ms|s|m|h))*$"}
+    ]};
+}
+
+/// A body type's OpenAPI 3.0 schema, generated from it.
+pub fn schema_of<T: JsonSchema>() -> Value {
+    let s =
+        schemars::generate::SchemaSettings::openapi3().into_generator().into_root_schema_for::<T>();
+    let mut v = s.to_value();
+    if let Some(o) = v.as_object_mut() {
+        o.remove("$schema");
+        o.remove("title");
+    }
+    v
 }

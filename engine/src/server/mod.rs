@@ -8,6 +8,7 @@ mod conversations;
 pub mod error;
 mod exchange;
 pub(crate) mod field;
+mod field_tables;
 #[cfg(test)]
 mod fuzz_tests;
 pub mod guard;

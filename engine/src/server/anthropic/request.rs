@@ -1,15 +1,17 @@
-//! Request bodies of Anthropic's `/v1/messages` and `/v1/messages/count_tokens`, checked
-//! field by field: every refusal names its field, and a field Perch cannot honour is refused,
-//! never ignored (docs/api-fields.md).
+//! Request bodies of Anthropic's `/v1/messages` and `/v1/messages/count_tokens`: read into
+//! their types (`request/types.rs`), then into a `Turn`; every refusal names its field, and a
+//! field Perch cannot honour is refused, never ignored (docs/anthropic.md).
 
 use serde_json::{json, Map, Value};
 
 use crate::chat::ChatMessage;
 use crate::config::SamplingDefaults;
 use crate::decode::sampler::SamplingParams;
-use crate::runtime::{ModelRef, Prompt, Turn};
-use crate::server::body::{self, kind, Body};
+use crate::runtime::{KeepAlive, ModelRef, Prompt, Turn};
+use crate::server::body::{self, kind};
 use crate::server::error::ApiError;
+use crate::server::field::{self, Flag, Int, Num, Text, Words};
+use types::{CountTokensRequest, MessagesRequest};
 
 /// Which of the two endpoints a body is for (`count_tokens` needs no `max_tokens`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,43 +32,6 @@ pub struct ParsedMessages {
 pub const MAX_STOPS: usize = 16;
 pub const MAX_TOOLS: usize = 128;
 
-/// Fields read, per endpoint. Accepted and ignored on purpose (docs/api-fields.md):
-/// `cache_control` (the prefix cache is automatic), `diagnostics` (no cache-miss report comes
-/// back), and labels that change nothing a local server computes: `metadata`,
-/// `service_tier`, `speed`, `user_profile_id`, `workspace_id`.
-const FIELDS: &[&str] = &[
-    "model",
-    "messages",
-    "system",
-    "tools",
-    "tool_choice",
-    "thinking",
-    "output_format",
-    "output_config",
-    "cache_control",
-    "context_management",
-];
-const MESSAGES_ONLY: &[&str] = &[
-    "max_tokens",
-    "stop_sequences",
-    "stream",
-    "temperature",
-    "top_p",
-    "top_k",
-    "metadata",
-    "service_tier",
-    "speed",
-    "user_profile_id",
-    "workspace_id",
-    "diagnostics",
-    "keep_alive",
-];
-const REFUSED: &[(&str, &str)] = &[
-    ("container", "code execution containers are not supported"),
-    ("mcp_servers", "remote MCP servers are not supported: run the tools on the client"),
-    ("inference_geo", "inference regions do not apply to a local server"),
-];
-
 fn bad(field: &str, message: impl Into<String>) -> ApiError {
     ApiError::invalid(field, message)
 }
@@ -84,75 +49,100 @@ pub fn parse(
     bytes: &[u8],
     defaults: &SamplingDefaults,
 ) -> Result<ParsedMessages, ApiError> {
-    let b = &body::object(bytes)?;
-    for (key, v) in b {
-        if let Some((_, why)) = REFUSED.iter().find(|(k, _)| k == key) {
-            return Err(bad(key, format!("{key}: {why}")).code("unsupported_parameter"));
+    let mut map = body::object(bytes)?;
+    types::check(endpoint, &mut map)?;
+    let (prompt, generation) = match endpoint {
+        Endpoint::Messages => {
+            let b: MessagesRequest = field::typed_fields(map, Words::Anthropic)?;
+            let generation = Generation {
+                max_tokens: b.max_tokens,
+                stop_sequences: b.stop_sequences.map(|j| j.0),
+                stream: b.stream,
+                temperature: b.temperature,
+                top_p: b.top_p,
+                top_k: b.top_k,
+                keep_alive: b.keep_alive.map(|j| j.0),
+            };
+            (prompt_fields!(b), Some(generation))
         }
-        let known = FIELDS.contains(&key.as_str())
-            || (endpoint == Endpoint::Messages && MESSAGES_ONLY.contains(&key.as_str()));
-        if !known && !v.is_null() {
-            return Err(bad(key, format!("{key}: Extra inputs are not permitted"))
-                .code("unknown_parameter"));
+        Endpoint::CountTokens => {
+            let b: CountTokensRequest = field::typed_fields(map, Words::Anthropic)?;
+            (prompt_fields!(b), None)
         }
-    }
-    let get = |k: &str| b.get(k).filter(|v| !v.is_null());
-    let model = Body(b)
-        .model("see GET /v1/models")?
-        .parse::<ModelRef>()
-        .map_err(|e| bad("model", e.to_string()))?;
-    let mut messages = system(get("system"))?;
-    messages.extend(conversation(get("messages"))?);
-    let max_tokens = match (endpoint, get("max_tokens")) {
-        (Endpoint::CountTokens, _) => None,
-        (_, None) => return Err(missing("max_tokens")),
-        (_, Some(v)) => match v.as_u64() {
-            Some(n) if (1..=u64::from(u32::MAX)).contains(&n) => Some(n as usize),
-            _ => {
-                return Err(bad(
-                    "max_tokens",
-                    format!("max_tokens: must be an integer of at least 1; got {v}"),
-                ))
-            }
+    };
+    turn(prompt, generation, defaults)
+}
+
+/// The fields both endpoints share: the conversation and what shapes its prompt.
+struct PromptFields {
+    model: Option<Text>,
+    messages: Option<Value>,
+    system: Option<Value>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
+    thinking: Option<Value>,
+    output_format: Option<Value>,
+    output_config: Option<Value>,
+    context_management: Option<Value>,
+}
+
+macro_rules! prompt_fields {
+    ($b:ident) => {
+        PromptFields {
+            model: $b.model,
+            messages: $b.messages.map(|j| j.0),
+            system: $b.system.map(|j| j.0),
+            tools: $b.tools.map(|j| j.0),
+            tool_choice: $b.tool_choice.map(|j| j.0),
+            thinking: $b.thinking.map(|j| j.0),
+            output_format: $b.output_format.map(|j| j.0),
+            output_config: $b.output_config.map(|j| j.0),
+            context_management: $b.context_management.map(|j| j.0),
+        }
+    };
+}
+use prompt_fields;
+
+/// The fields only `/v1/messages` has: how to generate.
+struct Generation {
+    max_tokens: Option<Int<1, { u32::MAX as i64 }>>,
+    stop_sequences: Option<Value>,
+    stream: Option<Flag>,
+    temperature: Option<Num<0, 1>>,
+    top_p: Option<Num<0, 1, true>>,
+    top_k: Option<Int<0, { u32::MAX as i64 }>>,
+    keep_alive: Option<Value>,
+}
+
+fn turn(
+    b: PromptFields,
+    generation: Option<Generation>,
+    defaults: &SamplingDefaults,
+) -> Result<ParsedMessages, ApiError> {
+    let model = match &b.model {
+        Some(Text(s)) if !s.is_empty() => {
+            s.parse::<ModelRef>().map_err(|e| bad("model", e.to_string()))?
+        }
+        _ => return Err(missing("model")),
+    };
+    let mut messages = system(b.system.as_ref())?;
+    messages.extend(conversation(b.messages.as_ref())?);
+    let g = match generation {
+        Some(g) if g.max_tokens.is_none() => return Err(missing("max_tokens")),
+        g => g,
+    };
+    let max_tokens = g.as_ref().and_then(|g| g.max_tokens).map(|n| n.0 as usize);
+    let sampling = match &g {
+        None => SamplingParams::default(),
+        Some(g) => SamplingParams {
+            // Anthropic's range is 0 to 1 (and its default 1).
+            temperature: Num::get(g.temperature, defaults.temperature),
+            top_p: Num::get(g.top_p, defaults.top_p),
+            top_k: g.top_k.map_or(0, |k| k.0 as u32),
+            ..SamplingParams::default()
         },
     };
-    let number = |k: &str, lo: f64, hi: f64, open_lo: bool| -> Result<Option<f32>, ApiError> {
-        match get(k) {
-            None => Ok(None),
-            Some(v) => match v.as_f64() {
-                Some(x) if (if open_lo { x > lo } else { x >= lo }) && x <= hi => {
-                    Ok(Some(x as f32))
-                }
-                Some(x) => Err(bad(
-                    k,
-                    format!(
-                        "{k}: must be {}{lo}, {hi}]; got {x}",
-                        if open_lo { "in (" } else { "in [" }
-                    ),
-                )),
-                None => Err(wrong_type(k, "a number", v)),
-            },
-        }
-    };
-    let sampling = SamplingParams {
-        // Anthropic's range is 0 to 1 (and its default 1).
-        temperature: number("temperature", 0.0, 1.0, false)?.unwrap_or(defaults.temperature),
-        top_p: number("top_p", 0.0, 1.0, true)?.unwrap_or(defaults.top_p),
-        top_k: match get("top_k") {
-            None => 0,
-            Some(v) => match v.as_u64() {
-                Some(k) if k <= u64::from(u32::MAX) => k as u32,
-                _ => {
-                    return Err(bad(
-                        "top_k",
-                        format!("top_k: must be a non-negative integer; got {v}"),
-                    ))
-                }
-            },
-        },
-        ..SamplingParams::default()
-    };
-    let stop_sequences = match get("stop_sequences") {
+    let stop_sequences = match g.as_ref().and_then(|g| g.stop_sequences.as_ref()) {
         None => vec![],
         Some(Value::Array(list)) if list.len() <= MAX_STOPS => list
             .iter()
@@ -169,34 +159,24 @@ pub fn parse(
         }
         Some(v) => return Err(wrong_type("stop_sequences", "a list of strings", v)),
     };
-    let stream = match get("stream") {
-        None => false,
-        Some(Value::Bool(s)) => *s,
-        Some(v) => return Err(wrong_type("stream", "a boolean", v)),
-    };
-    if let Some(v) = get("metadata") {
-        if !v.is_object() {
-            return Err(wrong_type("metadata", "an object", v));
-        }
-    }
-    if let Some(v) = get("service_tier") {
-        if !v.is_string() {
-            return Err(wrong_type("service_tier", "a string", v));
-        }
-    }
-    context_management(get("context_management"))?;
-    let tools = tools(get("tools"))?;
-    let (tool_choice, parallel) = tool_choice(get("tool_choice"), &tools)?;
+    let stream = g.as_ref().is_some_and(|g| Flag::get(g.stream));
+    context_management(b.context_management.as_ref())?;
+    let tools = tools(b.tools.as_ref())?;
+    let (tool_choice, parallel) = tool_choice(b.tool_choice.as_ref(), &tools)?;
     let mut template_kwargs = Map::new();
-    let think = thinking(get("thinking"), max_tokens)?;
+    let think = thinking(b.thinking.as_ref(), max_tokens)?;
     if let Some((on, _)) = think {
         template_kwargs.insert("enable_thinking".into(), Value::Bool(on));
     }
-    let (response_format, effort) = output_config(get("output_format"), get("output_config"))?;
+    let (response_format, effort) =
+        output_config(b.output_format.as_ref(), b.output_config.as_ref())?;
     if let Some(e) = effort {
         template_kwargs.insert("reasoning_effort".into(), Value::from(e));
     }
-    let keep_alive = Body(b).keep_alive()?;
+    let keep_alive = g
+        .and_then(|g| g.keep_alive)
+        .map(|v| KeepAlive::from_request(&v).map_err(|e| bad("keep_alive", e)))
+        .transpose()?;
     Ok(ParsedMessages {
         turn: Turn {
             max_tokens,
@@ -393,6 +373,7 @@ fn tool_result(b: &Map<String, Value>, at: &str) -> Result<ChatMessage, ApiError
 }
 
 mod options;
+pub mod types;
 use options::{context_management, output_config, thinking, tool_choice, tools};
 
 #[cfg(test)]

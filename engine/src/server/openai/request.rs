@@ -9,7 +9,7 @@ use crate::decode::sampler::SamplingParams;
 use crate::runtime::{KeepAlive, ModelRef, Prompt, ResponseFormat, Turn};
 use crate::server::body::{self, kind, Body};
 use crate::server::error::ApiError;
-use crate::server::field::{self, Flag, Int, Json, Num, Text};
+use crate::server::field::{self, Flag, Int, Json, Num, Text, Words};
 use types::{ChatRequest, CompletionRequest};
 
 /// The endpoint a body is for: each has fields of its own.
@@ -46,8 +46,8 @@ pub fn parse_with(
     let mut map = body::object(bytes)?;
     types::check(endpoint, &mut map)?;
     match endpoint {
-        Endpoint::Chat => chat(field::typed_fields(map)?, defaults),
-        Endpoint::Completion => completion(field::typed_fields(map)?, defaults),
+        Endpoint::Chat => chat(field::typed_fields(map, Words::OpenAi)?, defaults),
+        Endpoint::Completion => completion(field::typed_fields(map, Words::OpenAi)?, defaults),
     }
 }
 

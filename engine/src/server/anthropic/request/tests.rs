@@ -168,6 +168,48 @@ fn each_bad_field_is_named() {
     }
 }
 
+/// The typed fields refuse in Anthropic's words ("field: must be …"), with the codes the
+/// hand-read fields used.
+#[test]
+fn typed_fields_refuse_in_anthropics_words() {
+    let chat = json!([{"role": "user", "content": "hi"}]);
+    for (body, message, code) in [
+        (
+            json!({"model": "m", "max_tokens": 8, "messages": chat, "temperature": 1.5}),
+            "temperature: must be in [0, 1]; got 1.5",
+            "invalid_value",
+        ),
+        (
+            json!({"model": "m", "max_tokens": 8, "messages": chat, "top_p": 0}),
+            "top_p: must be in (0, 1]; got 0",
+            "invalid_value",
+        ),
+        (
+            json!({"model": "m", "max_tokens": 8, "messages": chat, "stream": "yes"}),
+            "stream: must be a boolean; got a string",
+            "invalid_type",
+        ),
+        (
+            json!({"model": "m", "max_tokens": 8, "messages": chat, "metadata": 3}),
+            "metadata: must be an object; got a number",
+            "invalid_type",
+        ),
+        (
+            json!({"model": "m", "messages": chat}),
+            "max_tokens: Field required",
+            "missing_required_parameter",
+        ),
+        (
+            json!({"model": "m", "max_tokens": 8, "messages": chat, "zzz": 1}),
+            "zzz: Extra inputs are not permitted",
+            "unknown_parameter",
+        ),
+    ] {
+        let e = refused(Endpoint::Messages, body.clone());
+        assert_eq!((e.message.as_str(), e.code), (message, Some(code)), "{body}");
+    }
+}
+
 #[test]
 fn count_tokens_needs_no_max_tokens_and_refuses_generation_fields() {
     let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});

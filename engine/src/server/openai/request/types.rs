@@ -5,14 +5,14 @@
 
 use std::sync::OnceLock;
 
-use schemars::generate::SchemaSettings;
 use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use super::Endpoint;
 use crate::server::error::ApiError;
-use crate::server::field::{Described, Flag, Ignored, Int, Json, Num, Text};
+use crate::server::field::{self, Flag, Ignored, Int, Json, Num, Text};
+use crate::server::field_tables;
 
 const U32: i64 = u32::MAX as i64;
 
@@ -49,7 +49,7 @@ macro_rules! completions_body {
             pub logit_bias: Option<Json<LogitBias>>,
             /// Ollama's: seconds or a duration (`"5m"`); `0` unloads the model when the request
             /// is done, negative keeps it loaded; without it the engine's own (`keep_alive_s`).
-            pub keep_alive: Option<Json<KeepAlive>>,
+            pub keep_alive: Option<Json<field::KeepAlive>>,
             /// A label for a hosted service's accounting (ignored).
             #[schemars(extend("x-perch" = "ignored"))]
             pub user: Option<Json<Ignored>>,
@@ -163,23 +163,15 @@ pub fn check(endpoint: Endpoint, map: &mut Map<String, Value>) -> Result<(), Api
 pub fn schema(endpoint: Endpoint) -> &'static Value {
     static CHAT: OnceLock<Value> = OnceLock::new();
     static COMPLETION: OnceLock<Value> = OnceLock::new();
-    let generate = |s: schemars::Schema| {
-        let mut v = s.to_value();
-        if let Some(o) = v.as_object_mut() {
-            o.remove("$schema");
-            o.remove("title");
-        }
-        v
-    };
-    let settings = SchemaSettings::openapi3();
     match endpoint {
-        Endpoint::Chat => CHAT.get_or_init(|| {
-            generate(settings.into_generator().into_root_schema_for::<ChatRequest>())
-        }),
-        Endpoint::Completion => COMPLETION.get_or_init(|| {
-            generate(settings.into_generator().into_root_schema_for::<CompletionRequest>())
-        }),
+        Endpoint::Chat => CHAT.get_or_init(field::schema_of::<ChatRequest>),
+        Endpoint::Completion => COMPLETION.get_or_init(field::schema_of::<CompletionRequest>),
     }
+}
+
+/// `/openapi.json`'s names for the bodies, with their schemas.
+pub fn schemas() -> [(&'static str, &'static Value); 2] {
+    [("ChatRequest", schema(Endpoint::Chat)), ("CompletionRequest", schema(Endpoint::Completion))]
 }
 
 /// The fields the endpoint's type declares, in their order.
@@ -191,26 +183,6 @@ pub fn fields(endpoint: Endpoint) -> Vec<&'static str> {
 
 /// docs/api-fields.md's tables, generated from the types (kept in step by a test).
 pub fn field_tables() -> String {
-    let mut honoured = String::from("| field | on | value | notes |\n| --- | --- | --- | --- |\n");
-    let mut ignored = String::from("| field | notes |\n| --- | --- |\n");
-    let (chat, completion) = (schema(Endpoint::Chat), schema(Endpoint::Completion));
-    let mut rows: Vec<(&str, &str, &Value)> = vec![];
-    for (on, s) in [("chat", chat), ("completions", completion)] {
-        for (name, p) in s["properties"].as_object().into_iter().flatten() {
-            match rows.iter_mut().find(|(n, _, q)| n == name && *q == p) {
-                Some(row) => row.1 = "both",
-                None => rows.push((name, on, p)),
-            }
-        }
-    }
-    for (name, on, p) in rows {
-        let notes = p["description"].as_str().unwrap_or("").replace('\n', " ");
-        if p["x-perch"] == "ignored" {
-            ignored += &format!("| `{name}` | {notes} |\n");
-        } else {
-            honoured += &format!("| `{name}` | {on} | {} | {notes} |\n", value(p));
-        }
-    }
     let refused: Vec<String> = REFUSED
         .iter()
         .map(|(k, e, _)| match e {
@@ -218,59 +190,14 @@ pub fn field_tables() -> String {
             Some(_) => format!("`{k}` (completions)"),
         })
         .collect();
-    format!(
-        "### Honoured\n\n{honoured}\n### Refused by name\n\n{}, and `modalities` other than text, \
-         `echo: true`.\n\n### Accepted and ignored on purpose\n\n{ignored}",
-        refused.join(", ")
+    field_tables::tables(
+        &[("chat", schema(Endpoint::Chat)), ("completions", schema(Endpoint::Completion))],
+        &format!("{}, and `modalities` other than text, `echo: true`", refused.join(", ")),
     )
 }
 
-/// A field's kind and bounds, in a few words, as its schema says them.
-fn value(p: &Value) -> String {
-    // An optional `oneOf` comes as `anyOf: [the schema, null]`.
-    let p = match &p["anyOf"] {
-        Value::Array(alts) => alts.iter().find(|a| a["nullable"] != true).unwrap_or(p),
-        _ => p,
-    };
-    let kind = match (&p["type"], &p["oneOf"]) {
-        (Value::String(t), _) => t.clone(),
-        (_, Value::Array(alts)) => {
-            let mut kinds: Vec<&str> = alts.iter().filter_map(|a| a["type"].as_str()).collect();
-            kinds.dedup();
-            kinds.join(" or ")
-        }
-        _ => "any".into(),
-    };
-    let (lo, hi) = (&p["minimum"], &p["maximum"]);
-    let open = p["exclusiveMinimum"] == true;
-    match (lo.is_null(), hi.is_null(), &p["enum"]) {
-        (_, _, Value::Array(e)) => e
-            .iter()
-            .filter(|v| !v.is_null())
-            .map(|v| format!("`{v}`"))
-            .collect::<Vec<_>>()
-            .join(", "),
-        (false, false, _) if open => format!("{kind} in ({lo}, {hi}]"),
-        (false, false, _) => format!("{kind} from {lo} to {hi}"),
-        (false, true, _) => format!("{kind} ≥ {lo}"),
-        _ => kind,
-    }
-}
-
-/// The schemas of the fields their own parsers read (`request.rs`, `tools.rs`).
-macro_rules! described {
-    ($($name:ident => $schema:tt;)*) => {$(
-        pub struct $name;
-        impl Described for $name {
-            const NAME: &'static str = stringify!($name);
-            fn schema() -> Value {
-                json!($schema)
-            }
-        }
-    )*};
-}
-
-described! {
+// The schemas of the fields their own parsers read (`request.rs`, `tools.rs`).
+field::described! {
     Stop => {"oneOf": [
         {"type": "string"},
         {"type": "array", "items": {"type": "string"}, "maxItems": super::MAX_STOPS}
@@ -278,10 +205,6 @@ described! {
     StreamOptions => {"type": "object", "properties": {"include_usage": {"type": "boolean"}}};
     LogitBias => {"type": "object", "maxProperties": 1024,
         "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}};
-    KeepAlive => {"oneOf": [
-        {"type": "number"},
-        {"type": "string", "pattern": "^-?[0-9.]+(ns|us|ms|s|m|h)?([0-9.]+(ns|us|ms|s|m|h))*$"}
-    ]};
     Messages => {"type": "array", "minItems": 1, "items": {
         "type": "object",
         "required": ["role"],
@@ -324,20 +247,12 @@ described! {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     /// docs/api-fields.md holds the tables the types generate; `UPDATE_DOCS=1` rewrites them.
     #[test]
     fn the_field_tables_in_the_docs_are_the_types() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/api-fields.md");
-        let doc = std::fs::read_to_string(path).unwrap();
-        let (begin, end) = ("<!-- fields: generated -->\n", "<!-- fields: end -->");
-        let (head, rest) = doc.split_once(begin).expect("the generated section's start marker");
-        let (_, tail) = rest.split_once(end).expect("the generated section's end marker");
-        let want = format!("{head}{begin}{}{end}{tail}", field_tables());
-        if std::env::var_os("UPDATE_DOCS").is_some() {
-            std::fs::write(path, &want).unwrap();
-        }
-        assert!(doc == want, "docs/api-fields.md is behind the types: run with UPDATE_DOCS=1");
+        field_tables::check_doc("api-fields.md", &field_tables());
     }
 
     #[test]
