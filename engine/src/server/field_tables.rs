@@ -4,11 +4,18 @@
 
 use serde_json::Value;
 
-/// The tables of fields honoured and ignored on purpose, over bodies named by `on` (a field in
-/// all of them, with the same schema, says "all"), and the refused ones' line.
+/// The tables of fields honoured and ignored on purpose over bodies named by `on` (a field in
+/// all of them, with the same schema, says "all"), and the refused ones: `refused` says those
+/// no type declares, then come the fields a type declares to refuse them (`x-perch: refused`).
 pub fn tables(bodies: &[(&str, &Value)], refused: &str) -> String {
-    let mut honoured = String::from("| field | on | value | notes |\n| --- | --- | --- | --- |\n");
-    let mut ignored = String::from("| field | notes |\n| --- | --- |\n");
+    let several = bodies.len() > 1;
+    let mut honoured = String::from(if several {
+        "| field | on | value | notes |\n| --- | --- | --- | --- |\n"
+    } else {
+        "| field | value | notes |\n| --- | --- | --- |\n"
+    });
+    let mut ignored = String::new();
+    let mut declined = String::new();
     let mut rows: Vec<(&str, Vec<&str>, &Value)> = vec![];
     for (on, s) in bodies {
         for (name, p) in s["properties"].as_object().into_iter().flatten() {
@@ -19,19 +26,25 @@ pub fn tables(bodies: &[(&str, &Value)], refused: &str) -> String {
         }
     }
     for (name, on, p) in rows {
-        let on =
-            if on.len() == bodies.len() && on.len() > 1 { "all".into() } else { on.join(", ") };
+        let on = if on.len() == bodies.len() && several { "all".into() } else { on.join(", ") };
         let notes = p["description"].as_str().unwrap_or("").replace('\n', " ");
-        if p["x-perch"] == "ignored" {
-            ignored += &format!("| `{name}` | {notes} |\n");
-        } else {
-            honoured += &format!("| `{name}` | {on} | {} | {notes} |\n", value(p));
+        match p["x-perch"].as_str() {
+            Some("ignored") => ignored += &format!("| `{name}` | {notes} |\n"),
+            Some("refused") => declined += &format!("- `{name}` ({on}): {notes}\n"),
+            _ if several => honoured += &format!("| `{name}` | {on} | {} | {notes} |\n", value(p)),
+            _ => honoured += &format!("| `{name}` | {} | {notes} |\n", value(p)),
         }
     }
-    format!(
-        "### Honoured\n\n{honoured}\n### Refused by name\n\n{refused}.\n\n\
-         ### Accepted and ignored on purpose\n\n{ignored}"
-    )
+    let mut out = format!("### Honoured\n\n{honoured}\n### Refused by name\n\n{refused}.\n");
+    if !declined.is_empty() {
+        out += &format!("\n{declined}");
+    }
+    if !ignored.is_empty() {
+        out += &format!(
+            "\n### Accepted and ignored on purpose\n\n| field | notes |\n| --- | --- |\n{ignored}"
+        );
+    }
+    out
 }
 
 /// A field's kind and bounds, in a few words, as its schema says them.

@@ -77,12 +77,13 @@ pub async fn metrics(State(app): State<Arc<App>>) -> Response {
 /// The OpenAPI description: `openapi.json`, with the request bodies that are Rust types
 /// generated from them, and the models this server has as their `model` enum.
 pub async fn openapi(State(app): State<Arc<App>>) -> Response {
-    use super::{anthropic, openai};
+    use super::{anthropic, ollama, openai};
     let mut doc: Value =
         serde_json::from_str(include_str!("openapi.json")).expect("openapi.json is valid JSON");
     let ids: Vec<Value> = model_list(&app).into_iter().map(|m| m["id"].clone()).collect();
     let typed = openai::request::types::schemas().into_iter();
-    for (name, schema) in typed.chain(anthropic::request::types::schemas()) {
+    let typed = typed.chain(anthropic::request::types::schemas());
+    for (name, schema) in typed.chain(ollama::request::types::schemas()) {
         let mut schema = schema.clone();
         schema["properties"]["model"]["enum"] = Value::Array(ids.clone());
         doc["components"]["schemas"][name] = schema;

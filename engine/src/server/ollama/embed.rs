@@ -12,7 +12,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 
-use super::request::HINTS;
 use crate::runtime::{Embed, EmbedInput, KeepAlive, ModelRef};
 use crate::server::body::{self, wrong_type, Body};
 use crate::server::error::{ApiError, Dialect};
@@ -158,7 +157,7 @@ fn check_options(b: &Body<'_>) -> Result<(), ApiError> {
         Some(v) => return Err(wrong_type("options", "an object", v)),
     };
     for (k, v) in opts {
-        if v.is_null() || HINTS.contains(&k.as_str()) {
+        if v.is_null() || super::request::types::hints().any(|h| h == k) {
             continue;
         }
         return Err(ApiError::invalid(

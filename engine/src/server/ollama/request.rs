@@ -1,6 +1,6 @@
-//! Request bodies of Ollama's `/api/chat` and `/api/generate`, checked field by field; every
-//! refusal names its field, and an option Perch cannot honour is refused, never ignored
-//! (docs/ollama.md).
+//! Request bodies of Ollama's `/api/chat` and `/api/generate`: read into their types
+//! (`request/types.rs`), then into a `Turn`; every refusal names its field, and an option Perch
+//! cannot honour is refused, never ignored (docs/ollama.md).
 
 use serde_json::{Map, Value};
 
@@ -10,6 +10,8 @@ use crate::decode::sampler::SamplingParams;
 use crate::runtime::{KeepAlive, ModelRef, Prompt, ResponseFormat, Turn};
 use crate::server::body::{self, wrong_type, Body};
 use crate::server::error::ApiError;
+use crate::server::field::{self, Flag, Json, Num, Text, Words};
+use types::{ChatRequest, GenerateRequest, Options};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
@@ -26,40 +28,6 @@ pub struct ParsedOllama {
     pub stream: bool,
 }
 
-const COMMON: &[&str] = &["model", "format", "options", "stream", "keep_alive", "think"];
-const CHAT: &[&str] = &["messages", "tools"];
-const GENERATE: &[&str] = &["prompt", "system", "raw", "suffix", "images", "template", "context"];
-
-/// `options` Perch honours; hardware hints it sizes itself and accepts on purpose; and
-/// samplers it does not have, refused by name.
-const OPTIONS: &[&str] = &[
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "num_predict",
-    "stop",
-    "repeat_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-];
-pub(super) const HINTS: &[&str] = &[
-    "num_ctx",
-    "num_batch",
-    "num_gpu",
-    "main_gpu",
-    "num_thread",
-    "use_mmap",
-    "use_mlock",
-    "numa",
-    "low_vram",
-    "vocab_only",
-    "f16_kv",
-    "num_keep",
-    "repeat_last_n",
-];
-
 fn bad(field: &str, message: impl Into<String>) -> ApiError {
     ApiError::invalid(field, message)
 }
@@ -69,135 +37,156 @@ pub fn parse(
     bytes: &[u8],
     defaults: &SamplingDefaults,
 ) -> Result<ParsedOllama, ApiError> {
-    let map = &body::object(bytes)?;
-    let own = if endpoint == Endpoint::Chat { CHAT } else { GENERATE };
-    for (k, v) in map {
-        if !v.is_null() && !COMMON.contains(&k.as_str()) && !own.contains(&k.as_str()) {
-            return Err(
-                bad(k, format!("`{k}` is not a field Perch reads here")).code("unknown_parameter")
-            );
-        }
+    let mut map = body::object(bytes)?;
+    types::check(endpoint, &mut map)?;
+    match map.get_mut("options") {
+        None => {}
+        Some(Value::Object(o)) => types::check_options(o)?,
+        Some(v) => return Err(wrong_type("options", "an object", v)),
     }
-    let b = Body(map);
-    let name = b.model("see GET /api/tags")?;
+    let (shared, input) = match endpoint {
+        Endpoint::Chat => {
+            let b: ChatRequest = field::typed_fields(map, Words::OpenAi)?;
+            let input =
+                Input::Chat { messages: b.messages.map(|j| j.0), tools: b.tools.map(|j| j.0) };
+            (shared!(b), input)
+        }
+        Endpoint::Generate => {
+            let b: GenerateRequest = field::typed_fields(map, Words::OpenAi)?;
+            for (refused, v) in [
+                ("images", &b.images),
+                ("suffix", &b.suffix),
+                ("template", &b.template),
+                ("context", &b.context),
+            ] {
+                if Json::value(v).is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty())) {
+                    let why = match refused {
+                        "images" => "images are not supported: this server runs text-only models",
+                        "suffix" => "fill-in-the-middle (`suffix`) is not supported",
+                        "template" => {
+                            "a per-request template is not supported: the model's own is used"
+                        }
+                        _ => "`context` (the deprecated token context) is not supported: send the conversation",
+                    };
+                    return Err(
+                        bad(refused, format!("`{refused}`: {why}")).code("unsupported_parameter")
+                    );
+                }
+            }
+            let input = Input::Generate {
+                prompt: b.prompt.map(|t| t.0),
+                system: b.system.map(|t| t.0),
+                raw: Flag::get(b.raw),
+            };
+            (shared!(b), input)
+        }
+    };
+    turn(shared, input, defaults)
+}
+
+/// The fields both endpoints share.
+struct Shared {
+    model: Option<Text>,
+    format: Option<Value>,
+    options: Option<Options>,
+    stream: Option<Flag>,
+    keep_alive: Option<Value>,
+    think: Option<Value>,
+}
+
+macro_rules! shared {
+    ($b:ident) => {
+        Shared {
+            model: $b.model,
+            format: $b.format.map(|j| j.0),
+            options: $b.options,
+            stream: $b.stream,
+            keep_alive: $b.keep_alive.map(|j| j.0),
+            think: $b.think.map(|j| j.0),
+        }
+    };
+}
+use shared;
+
+/// What each endpoint's prompt is made of.
+enum Input {
+    Chat { messages: Option<Value>, tools: Option<Value> },
+    Generate { prompt: Option<String>, system: Option<String>, raw: bool },
+}
+
+fn turn(b: Shared, input: Input, defaults: &SamplingDefaults) -> Result<ParsedOllama, ApiError> {
+    let name = match &b.model {
+        Some(Text(s)) if !s.is_empty() => s.as_str(),
+        _ => {
+            return Err(bad("model", "`model` is required (see GET /api/tags)")
+                .code("missing_required_parameter"))
+        }
+    };
     // Ollama's clients name models `name:tag`; Perch's ids have no tag, so `:latest` is the id.
     let model: ModelRef = name
         .strip_suffix(":latest")
         .unwrap_or(name)
         .parse()
         .map_err(|e: crate::runtime::ModelRefError| bad("model", e.to_string()))?;
-    let keep_alive = b.keep_alive()?;
-    let stream = b.boolean("stream")?.unwrap_or(true);
-    for refused in ["images", "suffix", "template", "context"] {
-        if b.get(refused).is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty())) {
-            let why = match refused {
-                "images" => "images are not supported: this server runs text-only models",
-                "suffix" => "fill-in-the-middle (`suffix`) is not supported",
-                "template" => "a per-request template is not supported: the model's own is used",
-                _ => "`context` (the deprecated token context) is not supported: send the conversation",
+    let keep_alive = b
+        .keep_alive
+        .as_ref()
+        .map(|v| KeepAlive::from_request(v).map_err(|e| bad("keep_alive", e)))
+        .transpose()?;
+    let stream = b.stream.is_none_or(|s| s.0);
+    let (prompt, tools) = match input {
+        Input::Chat { messages, tools } => {
+            let prompt = match messages {
+                None => None,
+                Some(Value::Array(list)) if list.is_empty() => None,
+                Some(Value::Array(list)) => Some(Prompt::Messages(self::messages(&list)?)),
+                Some(v) => return Err(wrong_type("messages", "an array", &v)),
             };
-            return Err(bad(refused, format!("`{refused}`: {why}")).code("unsupported_parameter"));
+            let mut tool_fields = Map::new();
+            if let Some(t) = tools {
+                tool_fields.insert("tools".into(), t);
+            }
+            (prompt, crate::server::openai::tools::parse(&Body(&tool_fields))?)
         }
-    }
-    let prompt = match endpoint {
-        Endpoint::Chat => match b.get("messages") {
-            None => None,
-            Some(Value::Array(list)) if list.is_empty() => None,
-            Some(Value::Array(list)) => Some(Prompt::Messages(messages(list)?)),
-            Some(v) => return Err(wrong_type("messages", "an array", v)),
-        },
-        Endpoint::Generate => {
-            let raw = b.boolean("raw")?.unwrap_or(false);
-            let system = match b.get("system") {
+        Input::Generate { prompt, system, raw } => {
+            let prompt = match prompt {
                 None => None,
-                Some(Value::String(s)) => Some(s.clone()),
-                Some(v) => return Err(wrong_type("system", "a string", v)),
-            };
-            match b.get("prompt") {
-                None => None,
-                Some(Value::String(p)) if p.is_empty() => None,
-                Some(Value::String(p)) if raw => {
+                Some(p) if p.is_empty() => None,
+                Some(p) if raw => {
                     if system.is_some() {
                         return Err(bad("system", "`system` cannot go with `raw: true`"));
                     }
-                    Some(Prompt::Text(p.clone()))
+                    Some(Prompt::Text(p))
                 }
                 // Not raw: the prompt is a user message under the model's chat template.
-                Some(Value::String(p)) => {
+                Some(p) => {
                     let mut m: Vec<ChatMessage> =
                         system.into_iter().map(|s| ChatMessage::new("system", s)).collect();
-                    m.push(ChatMessage::new("user", p.clone()));
+                    m.push(ChatMessage::new("user", p));
                     Some(Prompt::Messages(m))
                 }
-                Some(v) => return Err(wrong_type("prompt", "a string", v)),
-            }
+            };
+            (prompt, crate::server::openai::tools::parse(&Body(&Map::new()))?)
         }
     };
     let Some(prompt) = prompt else {
         return Ok(ParsedOllama { turn: None, model, keep_alive, stream });
     };
-    let opts = match b.get("options") {
-        None => Map::new(),
-        Some(Value::Object(o)) => o.clone(),
-        Some(v) => return Err(wrong_type("options", "an object", v)),
-    };
-    let o = Body(&opts);
-    for (k, v) in &opts {
-        if v.is_null() || OPTIONS.contains(&k.as_str()) || HINTS.contains(&k.as_str()) {
-            continue;
-        }
-        return Err(bad(
-            &format!("options.{k}"),
-            format!(
-                "`options.{k}` is not supported (see docs/ollama.md for the options Perch reads)"
-            ),
-        )
-        .code("unsupported_parameter"));
-    }
-    let num = |k: &str, lo: f64, hi: f64| -> Result<Option<f32>, ApiError> {
-        match o.get(k) {
-            None => Ok(None),
-            Some(v) => match v.as_f64() {
-                Some(x) if (lo..=hi).contains(&x) => Ok(Some(x as f32)),
-                _ => Err(bad(
-                    &format!("options.{k}"),
-                    format!("`options.{k}` must be a number from {lo} to {hi}; got {v}"),
-                )),
-            },
-        }
-    };
-    let int = |k: &str| -> Result<Option<i64>, ApiError> {
-        match o.get(k) {
-            None => Ok(None),
-            Some(v) => v.as_i64().map(Some).ok_or_else(|| {
-                bad(&format!("options.{k}"), format!("`options.{k}` must be an integer; got {v}"))
-            }),
-        }
-    };
-    let top_p = num("top_p", 0.0, 1.0)?;
+    let o = b.options.unwrap_or_default();
     let sampling = SamplingParams {
-        temperature: num("temperature", 0.0, 2.0)?.unwrap_or(defaults.temperature),
+        temperature: Num::get(o.temperature, defaults.temperature),
         // Ollama's top_p 0 means "off", like 1.
-        top_p: top_p.filter(|p| *p > 0.0).unwrap_or(defaults.top_p),
-        top_k: match int("top_k")? {
-            None => 0,
-            Some(k) if (0..=i64::from(u32::MAX)).contains(&k) => k as u32,
-            Some(k) => {
-                return Err(bad(
-                    "options.top_k",
-                    format!("`options.top_k` must be 0 or more; got {k}"),
-                ))
-            }
-        },
-        min_p: num("min_p", 0.0, 1.0)?.unwrap_or(0.0),
-        repetition_penalty: num("repeat_penalty", 0.0, 10.0)?.filter(|p| *p > 0.0).unwrap_or(1.0),
-        presence_penalty: num("presence_penalty", -2.0, 2.0)?.unwrap_or(0.0),
-        frequency_penalty: num("frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0),
-        seed: int("seed")?.map(|s| s as u64),
+        top_p: o.top_p.filter(|p| p.0 > 0.0).map_or(defaults.top_p, |p| p.0 as f32),
+        top_k: o.top_k.map_or(0, |k| k.0 as u32),
+        min_p: Num::get(o.min_p, 0.0),
+        repetition_penalty: o.repeat_penalty.filter(|p| p.0 > 0.0).map_or(1.0, |p| p.0 as f32),
+        presence_penalty: Num::get(o.presence_penalty, 0.0),
+        frequency_penalty: Num::get(o.frequency_penalty, 0.0),
+        seed: o.seed.map(|s| s.0 as u64),
         ..SamplingParams::default()
     };
     // Ollama: -1 is "until the context is full", -2 "fill the context".
-    let max_tokens = match int("num_predict")? {
+    let max_tokens = match o.num_predict.map(|n| n.0) {
         None | Some(-1) | Some(-2) => None,
         Some(n) if n >= 1 => Some(n as usize),
         Some(n) => {
@@ -207,7 +196,7 @@ pub fn parse(
             ))
         }
     };
-    let stop = match o.get("stop") {
+    let stop = match Json::value(&o.stop) {
         None => vec![],
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(l)) if l.len() <= 16 && l.iter().all(Value::is_string) => {
@@ -220,7 +209,7 @@ pub fn parse(
             ))
         }
     };
-    let response_format = match b.get("format") {
+    let response_format = match &b.format {
         None => ResponseFormat::Text,
         Some(Value::String(f)) if f == "json" => ResponseFormat::JsonObject,
         Some(Value::String(f)) if f.is_empty() => ResponseFormat::Text,
@@ -233,7 +222,7 @@ pub fn parse(
         }
     };
     let mut template_kwargs = Map::new();
-    match b.get("think") {
+    match &b.think {
         None => {}
         Some(Value::Bool(t)) => {
             template_kwargs.insert("enable_thinking".into(), Value::Bool(*t));
@@ -248,7 +237,6 @@ pub fn parse(
             ))
         }
     }
-    let tools = crate::server::openai::tools::parse(&b)?;
     Ok(ParsedOllama {
         turn: Some(Turn {
             max_tokens,
@@ -313,6 +301,8 @@ fn messages(list: &[Value]) -> Result<Vec<ChatMessage>, ApiError> {
         .collect()
 }
 
+pub mod types;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -367,6 +357,46 @@ mod tests {
             .unwrap_or_else(|| panic!("accepted {body}"));
             assert_eq!(e.param.as_deref(), Some(field), "{body}: {}", e.message);
         }
+    }
+
+    /// The typed fields refuse in the words Ollama's routes use ("`options.top_k` must be …").
+    #[test]
+    fn typed_fields_refuse_in_the_routes_words() {
+        let chat = json!([{"role": "user", "content": "hi"}]);
+        for (body, message, code) in [
+            (
+                json!({"model": "m", "messages": chat, "options": {"temperature": 9}}),
+                "`options.temperature` must be from 0 to 2; got 9",
+                "invalid_value",
+            ),
+            (
+                json!({"model": "m", "messages": chat, "options": {"top_k": "many"}}),
+                "`options.top_k` must be an integer; got a string",
+                "invalid_type",
+            ),
+            (
+                json!({"model": "m", "messages": chat, "options": {"mirostat": 2}}),
+                "`options.mirostat` is not supported (see docs/ollama.md for the options Perch reads)",
+                "unsupported_parameter",
+            ),
+            (
+                json!({"model": "m", "messages": chat, "options": 3}),
+                "`options` must be an object; got a number",
+                "invalid_type",
+            ),
+            (json!({"model": "m", "hats": 1}), "`hats` is not a field Perch reads here", "unknown_parameter"),
+            (json!({"model": "m", "stream": 1}), "`stream` must be a boolean; got a number", "invalid_type"),
+        ] {
+            let e = p(Endpoint::Chat, body.clone()).err().unwrap_or_else(|| panic!("accepted {body}"));
+            assert_eq!((e.message.as_str(), e.code), (message, Some(code)), "{body}");
+        }
+        // A hint is accepted and changes nothing; `null` counts as absent.
+        let r = p(
+            Endpoint::Chat,
+            json!({"model": "m", "messages": chat,
+            "options": {"num_thread": 2, "temperature": null}, "think": null}),
+        );
+        assert!(r.is_ok());
     }
 
     #[test]
