@@ -53,27 +53,6 @@ impl Body<'_> {
         self.0.get(key).filter(|v| !v.is_null())
     }
 
-    pub fn number(
-        &self,
-        key: &str,
-        ok: impl Fn(f64) -> bool,
-        range: &str,
-    ) -> Result<Option<f64>, ApiError> {
-        match self.get(key) {
-            None => Ok(None),
-            // Checked as given and as the f32 the sampler will use (1e-50 is > 0, its f32 is not).
-            Some(v) => match v.as_f64() {
-                Some(x) if ok(x) && ok(x as f32 as f64) => Ok(Some(x)),
-                Some(x) => Err(ApiError::invalid(key, format!("`{key}` must be {range}; got {x}"))),
-                None => Err(ApiError::invalid(
-                    key,
-                    format!("`{key}` must be a number; got {}", kind(v)),
-                )
-                .code("invalid_type")),
-            },
-        }
-    }
-
     pub fn integer(&self, key: &str, min: i64, max: i64) -> Result<Option<i64>, ApiError> {
         match self.get(key) {
             None => Ok(None),

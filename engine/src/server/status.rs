@@ -83,7 +83,9 @@ pub async fn openapi(State(app): State<Arc<App>>) -> Response {
     let ids: Vec<Value> = model_list(&app).into_iter().map(|m| m["id"].clone()).collect();
     let typed = openai::request::types::schemas().into_iter();
     let typed = typed.chain(anthropic::request::types::schemas());
-    for (name, schema) in typed.chain(ollama::request::types::schemas()) {
+    let typed = typed.chain(ollama::request::types::schemas());
+    let responses = ("ResponsesRequest", openai::responses::request::types::schema());
+    for (name, schema) in typed.chain([responses]) {
         let mut schema = schema.clone();
         schema["properties"]["model"]["enum"] = Value::Array(ids.clone());
         doc["components"]["schemas"][name] = schema;

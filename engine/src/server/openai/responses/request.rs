@@ -8,55 +8,13 @@ use super::store::Store;
 use crate::chat::{ChatMessage, ToolChoice};
 use crate::config::SamplingDefaults;
 use crate::decode::sampler::SamplingParams;
-use crate::runtime::{ModelRef, Prompt, ResponseFormat, Turn};
-use crate::server::body::{self, wrong_type, Body};
+use crate::runtime::{KeepAlive, ModelRef, Prompt, ResponseFormat, Turn};
+use crate::server::body::{self, wrong_type};
 use crate::server::error::ApiError;
-use crate::server::openai::request::{json_schema_fields, MAX_TOP_LOGPROBS};
+use crate::server::field::{self, Flag, Json, Num, Text, Words};
+use crate::server::openai::request::json_schema_fields;
 use crate::server::openai::tools::{tool_list, Shape};
-
-/// Fields read (or accepted on purpose: labels and hints that change nothing here).
-const FIELDS: &[&str] = &[
-    "model",
-    "input",
-    "instructions",
-    "max_output_tokens",
-    "temperature",
-    "top_p",
-    "top_logprobs",
-    "stream",
-    "stream_options",
-    "store",
-    "previous_response_id",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "text",
-    "reasoning",
-    "include",
-    "truncation",
-    "background",
-    "keep_alive",
-    // Labels: kept with the response or only for the client's own bookkeeping.
-    "metadata",
-    "user",
-    "safety_identifier",
-    "service_tier",
-    // The prefix cache is automatic and keyed by content, whatever key a client names.
-    "prompt_cache_key",
-    "prompt_cache_retention",
-];
-
-const REFUSED: &[(&str, &str)] = &[
-    ("conversation", "the Conversations API is not supported: use `previous_response_id`"),
-    ("prompt", "stored prompt templates are not supported: send `input` and `instructions`"),
-    ("context_management", "server-side compaction is not supported"),
-    (
-        "max_tool_calls",
-        "a limit on built-in tool calls does not apply: only function tools run, on the client",
-    ),
-    ("moderation", "moderation is not available on a local server"),
-    ("prompt_cache_options", "the prefix cache is automatic and not configurable per request"),
-];
+use types::ResponsesRequest;
 
 /// A body read into a turn, with what the response object echoes back.
 #[derive(Debug)]
@@ -82,29 +40,23 @@ pub fn parse(
     defaults: &SamplingDefaults,
     store: &Store,
 ) -> Result<ParsedResponse, ApiError> {
-    let map = &body::object(bytes)?;
-    for (k, v) in map {
-        if let Some((_, why)) = REFUSED.iter().find(|(r, _)| r == k) {
-            if !v.is_null() {
-                return Err(bad(k, format!("`{k}`: {why}")).code("unsupported_parameter"));
-            }
+    let mut map = body::object(bytes)?;
+    types::check(&mut map)?;
+    let b: ResponsesRequest = field::typed_fields(map, Words::OpenAi)?;
+    let model = match &b.model {
+        Some(Text(s)) if !s.is_empty() => {
+            s.parse::<ModelRef>().map_err(|e| bad("model", e.to_string()))?
         }
-        if !v.is_null() && !FIELDS.contains(&k.as_str()) && !REFUSED.iter().any(|(r, _)| r == k) {
-            return Err(
-                bad(k, format!("`{k}` is not a field of /v1/responses")).code("unknown_parameter")
-            );
+        _ => {
+            return Err(bad("model", "`model` is required (see GET /v1/models)")
+                .code("missing_required_parameter"))
         }
-    }
-    let b = Body(map);
-    let model = b
-        .model("see GET /v1/models")?
-        .parse::<ModelRef>()
-        .map_err(|e| bad("model", e.to_string()))?;
-    if b.boolean("background")? == Some(true) {
+    };
+    if Flag::get(b.background) {
         return Err(bad("background", "`background` responses are not supported: stream instead")
             .code("unsupported_value"));
     }
-    match b.get("truncation") {
+    match Json::value(&b.truncation) {
         None => {}
         Some(Value::String(t)) if t == "disabled" => {}
         Some(Value::String(t)) if t == "auto" => return Err(bad(
@@ -119,23 +71,10 @@ pub fn parse(
             ))
         }
     }
-    for label in
-        ["user", "safety_identifier", "service_tier", "prompt_cache_key", "prompt_cache_retention"]
-    {
-        if let Some(v) = b.get(label) {
-            if !v.is_string() {
-                return Err(wrong_type(label, "a string", v));
-            }
-        }
-    }
-    let metadata = match b.get("metadata") {
-        None => json!({}),
-        Some(v @ Value::Object(_)) => v.clone(),
-        Some(v) => return Err(wrong_type("metadata", "an object", v)),
-    };
-    let store_it = b.boolean("store")?.unwrap_or(true);
-    let stream = b.boolean("stream")?.unwrap_or(false);
-    if let Some(v) = b.get("stream_options") {
+    let metadata = b.metadata.map_or(json!({}), |o| Value::Object(o.0));
+    let store_it = b.store.is_none_or(|s| s.0);
+    let stream = Flag::get(b.stream);
+    if let Some(v) = Json::value(&b.stream_options) {
         if !stream {
             return Err(bad("stream_options", "`stream_options` needs `stream: true`"));
         }
@@ -154,9 +93,10 @@ pub fn parse(
     }
 
     // The conversation: what `previous_response_id` left, then this input.
-    let previous = match b.get("previous_response_id") {
+    let previous_id = b.previous_response_id.map(|t| t.0);
+    let previous = match &previous_id {
         None => None,
-        Some(Value::String(id)) => Some(store.get(id).ok_or_else(|| ApiError {
+        Some(id) => Some(store.get(id).ok_or_else(|| ApiError {
             status: axum::http::StatusCode::NOT_FOUND,
             ..bad(
                 "previous_response_id",
@@ -164,39 +104,27 @@ pub fn parse(
             )
             .code("previous_response_not_found")
         })?),
-        Some(v) => return Err(wrong_type("previous_response_id", "a string", v)),
     };
     let mut conversation = previous.map(|p| p.conversation.clone()).unwrap_or_default();
-    conversation.extend(input(b.get("input"))?);
+    conversation.extend(input(Json::value(&b.input))?);
     if conversation.is_empty() {
         return Err(bad("input", "`input` is required").code("missing_required_parameter"));
     }
-    let instructions = match b.get("instructions") {
-        None => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(v) => return Err(wrong_type("instructions", "a string", v)),
-    };
+    let instructions = b.instructions.map(|t| t.0);
     let mut messages = Vec::with_capacity(conversation.len() + 1);
     if let Some(i) = instructions.as_ref().filter(|i| !i.is_empty()) {
         messages.push(ChatMessage::new("system", i.clone()));
     }
     messages.extend(conversation.iter().cloned());
 
-    let number = |k: &str, lo: f64, hi: f64, open_lo: bool| -> Result<Option<f32>, ApiError> {
-        let ok = move |x: f64| (if open_lo { x > lo } else { x >= lo }) && x <= hi;
-        let range = format!("{}{lo}, {hi}]", if open_lo { "in (" } else { "in [" });
-        Ok(b.number(k, ok, &range)?.map(|x| x as f32))
-    };
-    let temperature = number("temperature", 0.0, 2.0, false)?;
-    let top_p = number("top_p", 0.0, 1.0, true)?;
     let sampling = SamplingParams {
-        temperature: temperature.unwrap_or(defaults.temperature),
-        top_p: top_p.unwrap_or(defaults.top_p),
+        temperature: Num::get(b.temperature, defaults.temperature),
+        top_p: Num::get(b.top_p, defaults.top_p),
         ..SamplingParams::default()
     };
-    let max_tokens = b.integer("max_output_tokens", 1, i64::from(u32::MAX))?.map(|n| n as usize);
-    let top_logprobs = b.integer("top_logprobs", 0, MAX_TOP_LOGPROBS as i64)?;
-    let logprobs = include(b.get("include"))?;
+    let max_tokens = b.max_output_tokens.map(|n| n.0 as usize);
+    let top_logprobs = b.top_logprobs.map(|n| n.0);
+    let logprobs = include(Json::value(&b.include))?;
     if top_logprobs.is_some_and(|n| n > 0) && !logprobs {
         return Err(bad(
             "top_logprobs",
@@ -204,15 +132,15 @@ pub fn parse(
         ));
     }
 
-    let tools = match b.get("tools") {
+    let tools = match Json::value(&b.tools) {
         None => vec![],
         Some(v) => tool_list(v, "tools", Shape::Flat)?,
     };
-    let tool_choice = tool_choice(b.get("tool_choice"), &tools)?;
-    let parallel = b.boolean("parallel_tool_calls")?.unwrap_or(true);
-    let (response_format, text_echo) = text(b.get("text"))?;
+    let tool_choice = tool_choice(Json::value(&b.tool_choice), &tools)?;
+    let parallel = b.parallel_tool_calls.is_none_or(|p| p.0);
+    let (response_format, text_echo) = text(Json::value(&b.text))?;
     let mut template_kwargs = Map::new();
-    let reasoning = match b.get("reasoning") {
+    let reasoning = match Json::value(&b.reasoning) {
         None => json!({"effort": null, "summary": null}),
         Some(Value::Object(r)) => {
             for (k, v) in r {
@@ -238,21 +166,26 @@ pub fn parse(
         }
         Some(v) => return Err(wrong_type("reasoning", "an object", v)),
     };
-    let keep_alive = b.keep_alive()?;
+    let keep_alive = Json::value(&b.keep_alive)
+        .map(|v| KeepAlive::from_request(v).map_err(|e| bad("keep_alive", e)))
+        .transpose()?;
 
     let mut echo = Map::new();
     echo.insert("instructions".into(), instructions.map_or(Value::Null, Value::from));
     echo.insert("max_output_tokens".into(), json!(max_tokens));
     echo.insert("metadata".into(), metadata);
     echo.insert("parallel_tool_calls".into(), json!(parallel));
-    echo.insert("previous_response_id".into(), b.get("previous_response_id").cloned().into());
+    echo.insert("previous_response_id".into(), previous_id.into());
     echo.insert("reasoning".into(), reasoning);
     echo.insert("store".into(), json!(store_it));
     // As sent (an f32 round trip would print 0.7 as 0.699999988…).
-    let as_sent = |k: &str, default: f32| b.get(k).cloned().unwrap_or(json!(f64::from(default)));
-    echo.insert("temperature".into(), as_sent("temperature", defaults.temperature));
+    let as_sent = |x: Option<f64>, default: f32| json!(x.unwrap_or(f64::from(default)));
+    echo.insert("temperature".into(), as_sent(b.temperature.map(|n| n.0), defaults.temperature));
     echo.insert("text".into(), text_echo);
-    echo.insert("tool_choice".into(), b.get("tool_choice").cloned().unwrap_or(json!("auto")));
+    echo.insert(
+        "tool_choice".into(),
+        Json::value(&b.tool_choice).cloned().unwrap_or(json!("auto")),
+    );
     echo.insert(
         "tools".into(),
         tools
@@ -265,9 +198,9 @@ pub fn parse(
             .collect(),
     );
     echo.insert("top_logprobs".into(), json!(top_logprobs.unwrap_or(0)));
-    echo.insert("top_p".into(), as_sent("top_p", defaults.top_p));
+    echo.insert("top_p".into(), as_sent(b.top_p.map(|n| n.0), defaults.top_p));
     echo.insert("truncation".into(), json!("disabled"));
-    echo.insert("user".into(), b.get("user").cloned().into());
+    echo.insert("user".into(), b.user.map(|t| t.0).into());
 
     Ok(ParsedResponse {
         turn: Turn {
@@ -542,3 +475,5 @@ fn text(v: Option<&Value>) -> Result<(ResponseFormat, Value), ApiError> {
     }
     Ok((format, echo))
 }
+
+pub mod types;
