@@ -7,7 +7,6 @@ use axum::http::StatusCode;
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
-use crate::runtime::KeepAlive;
 
 /// The body as a JSON object, or a 400: `invalid_json` for what does not parse,
 /// `invalid_type` for JSON that is not an object.
@@ -51,41 +50,6 @@ pub struct Body<'a>(pub &'a Map<String, Value>);
 impl Body<'_> {
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.0.get(key).filter(|v| !v.is_null())
-    }
-
-    pub fn integer(&self, key: &str, min: i64, max: i64) -> Result<Option<i64>, ApiError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => match v.as_i64() {
-                Some(x) if (min..=max).contains(&x) => Ok(Some(x)),
-                Some(x) => Err(ApiError::invalid(
-                    key,
-                    format!("`{key}` must be an integer from {min} to {max}; got {x}"),
-                )),
-                None => Err(ApiError::invalid(
-                    key,
-                    format!("`{key}` must be an integer; got {}", kind(v)),
-                )
-                .code("invalid_type")),
-            },
-        }
-    }
-
-    /// `model`: required, a non-empty string (`hint` says where the names are listed).
-    pub fn model(&self, hint: &str) -> Result<&str, ApiError> {
-        match self.get("model") {
-            Some(Value::String(s)) if !s.is_empty() => Ok(s),
-            Some(v) if !v.is_string() => Err(wrong_type("model", "a string", v)),
-            _ => Err(ApiError::invalid("model", format!("`model` is required ({hint})"))
-                .code("missing_required_parameter")),
-        }
-    }
-
-    /// `keep_alive` (Ollama's semantics, on every protocol): seconds or a duration.
-    pub fn keep_alive(&self) -> Result<Option<KeepAlive>, ApiError> {
-        self.get("keep_alive")
-            .map(|v| KeepAlive::from_request(v).map_err(|e| ApiError::invalid("keep_alive", e)))
-            .transpose()
     }
 
     pub fn boolean(&self, key: &str) -> Result<Option<bool>, ApiError> {

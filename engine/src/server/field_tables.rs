@@ -79,15 +79,16 @@ fn value(p: &Value) -> String {
     }
 }
 
-/// Fails unless `docs/{doc}`'s generated section is `tables`; with `UPDATE_DOCS` set it
-/// rewrites the section first.
+/// Fails unless `docs/{doc}`'s section `name` (between `<!-- fields: name -->` and
+/// `<!-- fields end: name -->`) is `tables`; with `UPDATE_DOCS` set it rewrites it first.
 #[cfg(test)]
-pub fn check_doc(doc: &str, tables: &str) {
+pub fn check_doc(doc: &str, name: &str, tables: &str) {
     let path = format!("{}/../docs/{doc}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).unwrap();
-    let (begin, end) = ("<!-- fields: generated -->\n", "<!-- fields: end -->");
-    let (head, rest) = text.split_once(begin).expect("the generated section's start marker");
-    let (_, tail) = rest.split_once(end).expect("the generated section's end marker");
+    let (begin, end) =
+        (format!("<!-- fields: {name} -->\n"), format!("<!-- fields end: {name} -->"));
+    let (head, rest) = text.split_once(&begin).expect("the generated section's start marker");
+    let (_, tail) = rest.split_once(&end).expect("the generated section's end marker");
     let want = format!("{head}{begin}{tables}{end}{tail}");
     if std::env::var_os("UPDATE_DOCS").is_some() {
         std::fs::write(&path, &want).unwrap();

@@ -84,8 +84,10 @@ pub async fn openapi(State(app): State<Arc<App>>) -> Response {
     let typed = openai::request::types::schemas().into_iter();
     let typed = typed.chain(anthropic::request::types::schemas());
     let typed = typed.chain(ollama::request::types::schemas());
+    let typed = typed.chain(ollama::embed::types::schemas());
     let responses = ("ResponsesRequest", openai::responses::request::types::schema());
-    for (name, schema) in typed.chain([responses]) {
+    let embeddings = ("EmbeddingRequest", openai::embeddings::types::schema());
+    for (name, schema) in typed.chain([responses, embeddings]) {
         let mut schema = schema.clone();
         schema["properties"]["model"]["enum"] = Value::Array(ids.clone());
         doc["components"]["schemas"][name] = schema;

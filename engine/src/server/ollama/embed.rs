@@ -13,10 +13,12 @@ use axum::Json;
 use serde_json::{json, Map, Value};
 
 use crate::runtime::{Embed, EmbedInput, KeepAlive, ModelRef};
-use crate::server::body::{self, wrong_type, Body};
+use crate::server::body::{self, wrong_type};
 use crate::server::error::{ApiError, Dialect};
 use crate::server::exchange::{self, Route};
+use crate::server::field::{self, Text, Words};
 use crate::server::App;
+use types::{EmbedRequest, EmbeddingsRequest};
 
 const EMBED: Route = Route { name: "ollama_embed", id_prefix: "ollama", prompt_param: "input" };
 const LEGACY: Route =
@@ -100,62 +102,57 @@ async fn load_or_unload(app: &Arc<App>, which: Which, e: Embed) -> Result<Respon
 }
 
 pub fn parse(which: Which, bytes: &[u8]) -> Result<Parsed, ApiError> {
-    let map = body::object(bytes)?;
-    let fields: &[&str] = match which {
-        Which::Embed => &["model", "input", "truncate", "options", "keep_alive", "dimensions"],
-        Which::Legacy => &["model", "prompt", "options", "keep_alive"],
+    let mut map = body::object(bytes)?;
+    types::check(which, &mut map)?;
+    // As in Ollama, an empty string is nothing to embed (the body only loads the model).
+    let text = |s: String| if s.is_empty() { vec![] } else { vec![EmbedInput::Text(s)] };
+    let (model, inputs, truncate, dimensions, keep_alive, options) = match which {
+        Which::Embed => {
+            let b: EmbedRequest = field::typed_fields(map, Words::OpenAi)?;
+            let inputs = match field::Json::value(&b.input) {
+                None => vec![],
+                Some(Value::Array(list)) => list
+                    .iter()
+                    .map(|v| match v {
+                        Value::String(s) => Ok(EmbedInput::Text(s.clone())),
+                        v => Err(wrong_type("input", "a string", v)),
+                    })
+                    .collect::<Result<_, _>>()?,
+                Some(Value::String(s)) => text(s.clone()),
+                Some(v) => return Err(wrong_type("input", "a string or a list of strings", v)),
+            };
+            let truncate = b.truncate.is_none_or(|t| t.0);
+            (b.model, inputs, truncate, b.dimensions, b.keep_alive, b.options)
+        }
+        Which::Legacy => {
+            let b: EmbeddingsRequest = field::typed_fields(map, Words::OpenAi)?;
+            let inputs = b.prompt.map_or(vec![], |p| text(p.0));
+            (b.model, inputs, true, None, b.keep_alive, b.options)
+        }
     };
-    if let Some(k) = map.keys().find(|k| !fields.contains(&k.as_str())) {
-        return Err(ApiError::invalid(k, format!("`{k}` is not a field Perch reads here"))
-            .code("unknown_parameter"));
-    }
-    let b = Body(&map);
-    let name = b.model("see GET /api/tags")?;
+    let name = match &model {
+        Some(Text(s)) if !s.is_empty() => s.as_str(),
+        _ => {
+            return Err(ApiError::invalid("model", "`model` is required (see GET /api/tags)")
+                .code("missing_required_parameter"))
+        }
+    };
     let model: ModelRef =
         name.strip_suffix(":latest").unwrap_or(name).parse().map_err(
             |e: crate::runtime::ModelRefError| ApiError::invalid("model", e.to_string()),
         )?;
-    check_options(&b)?;
-    let text = |v: &Value, field: &str| match v {
-        Value::String(s) => Ok(s.clone()),
-        v => Err(wrong_type(field, "a string", v)),
-    };
-    // As in Ollama, an empty string is nothing to embed (the body only loads the model).
-    let inputs: Vec<EmbedInput> =
-        match (which, b.get(if which == Which::Embed { "input" } else { "prompt" })) {
-            (_, None) => vec![],
-            (Which::Embed, Some(Value::Array(list))) => list
-                .iter()
-                .map(|v| text(v, "input").map(EmbedInput::Text))
-                .collect::<Result<_, _>>()?,
-            (Which::Embed, Some(v)) => match text(v, "input") {
-                Ok(s) if s.is_empty() => vec![],
-                Ok(s) => vec![EmbedInput::Text(s)],
-                Err(_) => return Err(wrong_type("input", "a string or a list of strings", v)),
-            },
-            (Which::Legacy, Some(v)) => {
-                let s = text(v, "prompt")?;
-                if s.is_empty() {
-                    vec![]
-                } else {
-                    vec![EmbedInput::Text(s)]
-                }
-            }
-        };
-    let truncate = b.boolean("truncate")?.unwrap_or(true);
-    let dimensions = b.integer("dimensions", 1, 1 << 16)?.map(|d| d as usize);
-    let keep_alive = b.keep_alive()?;
+    check_options(options.as_ref().map(|o| &o.0))?;
+    let dimensions = dimensions.map(|d| d.0 as usize);
+    let keep_alive = field::Json::value(&keep_alive)
+        .map(|v| KeepAlive::from_request(v).map_err(|e| ApiError::invalid("keep_alive", e)))
+        .transpose()?;
     Ok(Parsed { embed: Embed { model, inputs, truncate, dimensions, keep_alive } })
 }
 
 /// `options`: the hardware hints Perch sizes itself are accepted on purpose, as on
 /// `/api/chat`; a sampler's option does nothing to an embedding and is refused by name.
-fn check_options(b: &Body<'_>) -> Result<(), ApiError> {
-    let opts: &Map<String, Value> = match b.get("options") {
-        None => return Ok(()),
-        Some(Value::Object(o)) => o,
-        Some(v) => return Err(wrong_type("options", "an object", v)),
-    };
+fn check_options(opts: Option<&Map<String, Value>>) -> Result<(), ApiError> {
+    let Some(opts) = opts else { return Ok(()) };
     for (k, v) in opts {
         if v.is_null() || super::request::types::hints().any(|h| h == k) {
             continue;
@@ -168,3 +165,5 @@ fn check_options(b: &Body<'_>) -> Result<(), ApiError> {
     }
     Ok(())
 }
+
+pub mod types;

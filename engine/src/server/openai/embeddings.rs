@@ -13,17 +13,15 @@ use axum::Json;
 use base64::Engine as _;
 use serde_json::{json, Value};
 
-use crate::runtime::{Embed, EmbedInput, ModelRef};
-use crate::server::body::{self, wrong_type, Body};
+use crate::runtime::{Embed, EmbedInput, KeepAlive, ModelRef};
+use crate::server::body::{self, wrong_type};
 use crate::server::error::ApiError;
 use crate::server::exchange::{self, Route};
+use crate::server::field::{self, Text, Words};
 use crate::server::App;
+use types::EmbeddingRequest;
 
 const EMBEDDINGS: Route = Route { name: "embeddings", id_prefix: "embd", prompt_param: "input" };
-
-/// Fields read; `user` is accepted and ignored on purpose, as on the other routes (it labels
-/// a request for a hosted service's abuse monitoring and changes nothing computed here).
-const FIELDS: &[&str] = &["model", "input", "encoding_format", "dimensions", "user", "keep_alive"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Encoding {
@@ -63,24 +61,27 @@ fn encode(v: &[f32], encoding: Encoding) -> Value {
 }
 
 pub fn parse(bytes: &[u8]) -> Result<(Embed, Encoding), ApiError> {
-    let map = body::object(bytes)?;
-    if let Some(k) = map.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-        return Err(ApiError::invalid(k, format!("unknown field `{k}` for /v1/embeddings"))
-            .code("unknown_parameter"));
-    }
-    let b = Body(&map);
-    let model = b
-        .model("see GET /v1/models; embedding models are of kind `embedding`")?
-        .parse::<ModelRef>()
-        .map_err(|e| ApiError::invalid("model", e.to_string()))?;
-    let inputs = match b.get("input") {
+    let mut map = body::object(bytes)?;
+    types::check(&mut map)?;
+    let b: EmbeddingRequest = field::typed_fields(map, Words::OpenAi)?;
+    let model = match &b.model {
+        Some(Text(s)) if !s.is_empty() => {
+            s.parse::<ModelRef>().map_err(|e| ApiError::invalid("model", e.to_string()))?
+        }
+        _ => return Err(ApiError::invalid(
+            "model",
+            "`model` is required (see GET /v1/models; embedding models are of kind `embedding`)",
+        )
+        .code("missing_required_parameter")),
+    };
+    let inputs = match field::Json::value(&b.input) {
         None => {
             return Err(ApiError::invalid("input", "`input` is required")
                 .code("missing_required_parameter"))
         }
         Some(v) => inputs(v)?,
     };
-    let encoding = match b.get("encoding_format") {
+    let encoding = match field::Json::value(&b.encoding_format) {
         None => Encoding::Float,
         Some(Value::String(s)) if s == "float" => Encoding::Float,
         Some(Value::String(s)) if s == "base64" => Encoding::Base64,
@@ -92,12 +93,10 @@ pub fn parse(bytes: &[u8]) -> Result<(Embed, Encoding), ApiError> {
         }
         Some(v) => return Err(wrong_type("encoding_format", "a string", v)),
     };
-    match b.get("user") {
-        None | Some(Value::String(_)) => {}
-        Some(v) => return Err(wrong_type("user", "a string", v)),
-    }
-    let dimensions = b.integer("dimensions", 1, 1 << 16)?.map(|d| d as usize);
-    let keep_alive = b.keep_alive()?;
+    let dimensions = b.dimensions.map(|d| d.0 as usize);
+    let keep_alive = field::Json::value(&b.keep_alive)
+        .map(|v| KeepAlive::from_request(v).map_err(|e| ApiError::invalid("keep_alive", e)))
+        .transpose()?;
     Ok((Embed { model, inputs, truncate: false, dimensions, keep_alive }, encoding))
 }
 
@@ -143,3 +142,5 @@ fn inputs(v: &Value) -> Result<Vec<EmbedInput>, ApiError> {
         other => Err(wrong_type("input", SHAPES, other)),
     }
 }
+
+pub mod types;

@@ -226,6 +226,6 @@ mod tests {
     /// docs/anthropic.md holds the tables the types generate; `UPDATE_DOCS=1` rewrites them.
     #[test]
     fn the_field_tables_in_the_docs_are_the_types() {
-        crate::server::field_tables::check_doc("anthropic.md", &super::field_tables());
+        crate::server::field_tables::check_doc("anthropic.md", "messages", &super::field_tables());
     }
 }

@@ -240,6 +240,10 @@ mod tests {
     /// docs/ollama.md holds the tables the types generate; `UPDATE_DOCS=1` rewrites them.
     #[test]
     fn the_field_tables_in_the_docs_are_the_types() {
-        crate::server::field_tables::check_doc("ollama.md", &super::field_tables());
+        crate::server::field_tables::check_doc(
+            "ollama.md",
+            "chat-and-generate",
+            &super::field_tables(),
+        );
     }
 }

@@ -252,7 +252,7 @@ mod tests {
     /// docs/api-fields.md holds the tables the types generate; `UPDATE_DOCS=1` rewrites them.
     #[test]
     fn the_field_tables_in_the_docs_are_the_types() {
-        field_tables::check_doc("api-fields.md", &field_tables());
+        field_tables::check_doc("api-fields.md", "chat-and-completions", &field_tables());
     }
 
     #[test]

@@ -178,6 +178,6 @@ mod tests {
     /// docs/responses.md holds the tables the type generates; `UPDATE_DOCS=1` rewrites them.
     #[test]
     fn the_field_tables_in_the_docs_are_the_types() {
-        crate::server::field_tables::check_doc("responses.md", &super::field_tables());
+        crate::server::field_tables::check_doc("responses.md", "responses", &super::field_tables());
     }
 }
