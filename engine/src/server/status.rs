@@ -85,6 +85,7 @@ pub async fn openapi(State(app): State<Arc<App>>) -> Response {
     let typed = typed.chain(anthropic::request::types::schemas());
     let typed = typed.chain(ollama::request::types::schemas());
     let typed = typed.chain(ollama::embed::types::schemas());
+    let typed = typed.chain(ollama::model_types::schemas());
     let responses = ("ResponsesRequest", openai::responses::request::types::schema());
     let embeddings = ("EmbeddingRequest", openai::embeddings::types::schema());
     for (name, schema) in typed.chain([responses, embeddings]) {

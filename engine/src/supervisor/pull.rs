@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use super::control::{current_settings, delete_installed, live, S};
 use crate::download::{DownloadError, JobView, State};
 use crate::server::error::{ApiError, Dialect};
+use crate::server::ollama::model_types::{self, DeleteRequest, PullRequest};
 
 /// How often a pull's progress is read from its job.
 const POLL: Duration = Duration::from_millis(250);
@@ -26,23 +27,6 @@ fn ollama(e: ApiError) -> Response {
 
 fn bad(field: &str, message: impl Into<String>) -> ApiError {
     ApiError::invalid(field, message)
-}
-
-/// `model` (or the older `name`): required, a string.
-fn model_of(v: &Value) -> Result<String, ApiError> {
-    match v.get("model").or_else(|| v.get("name")) {
-        Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
-        Some(v) => Err(bad("model", format!("`model` must be a string; got {v}"))),
-        None => Err(bad("model", "`model` is required").code("missing_required_parameter")),
-    }
-}
-
-fn object(bytes: &Bytes) -> Result<Value, ApiError> {
-    match serde_json::from_slice::<Value>(bytes) {
-        Ok(v @ Value::Object(_)) => Ok(v),
-        Ok(_) => Err(bad("body", "the body must be a JSON object")),
-        Err(e) => Err(bad("body", format!("invalid JSON: {e}")).code("invalid_json")),
-    }
 }
 
 /// Bytes so far, as Ollama's pull reports a layer's progress.
@@ -83,24 +67,9 @@ pub async fn pull(axum::extract::State(sup): S, bytes: Bytes) -> Response {
         Err(e) => return ollama(e),
     };
     let started = async {
-        let v = object(&bytes)?;
-        if let Some(x) = v.as_object().and_then(|o| {
-            o.keys().find(|k| !["model", "name", "stream", "insecure"].contains(&k.as_str()))
-        }) {
-            return Err(
-                bad(x, format!("`{x}` is not a field Perch reads here")).code("unknown_parameter")
-            );
-        }
-        let stream = match v.get("stream") {
-            None | Some(Value::Null) => true,
-            Some(Value::Bool(b)) => *b,
-            Some(x) => return Err(bad("stream", format!("`stream` must be a boolean; got {x}"))),
-        };
-        // `insecure` allows a registry without TLS; the hub setting decides that here.
-        if v.get("insecure").is_some_and(|x| !x.is_boolean() && !x.is_null()) {
-            return Err(bad("insecure", "`insecure` must be a boolean"));
-        }
-        let name = model_of(&v)?;
+        let b: PullRequest = model_types::read(&bytes)?;
+        let stream = b.stream.is_none_or(|s| s.0);
+        let name = model_types::model_of(b.model, b.name)?;
         let (repo, revision) = match name.rsplit_once(':') {
             Some((r, "latest")) => (r.to_string(), None),
             Some((r, rev)) => (r.to_string(), Some(rev.to_string())),
@@ -204,8 +173,8 @@ fn ndjson(v: &Value) -> Bytes {
 pub async fn delete(axum::extract::State(sup): S, bytes: Bytes) -> Response {
     let answer = async {
         let sup = live(sup)?;
-        let v = object(&bytes)?;
-        let name = model_of(&v)?;
+        let b: DeleteRequest = model_types::read(&bytes)?;
+        let name = model_types::model_of(b.model, b.name)?;
         let id = name.strip_suffix(":latest").unwrap_or(&name);
         delete_installed(&sup, id).await
     };

@@ -5,6 +5,7 @@
 //! come back as Ollama's objects (`render`), errors as `{"error": "..."}` (docs/ollama.md).
 
 pub mod embed;
+pub mod model_types;
 mod render;
 pub mod request;
 
@@ -86,14 +87,9 @@ pub async fn show(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejectio
     let answer = async {
         let bytes =
             body.map_err(|r| ApiError::new(r.status(), "invalid_request_error", r.body_text()))?;
-        let v: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| ApiError::invalid("body", format!("invalid JSON: {e}")))?;
-        let name = v
-            .get("model")
-            .or_else(|| v.get("name"))
-            .and_then(Value::as_str)
-            .ok_or_else(|| ApiError::invalid("model", "model is required"))?;
-        let id = name.strip_suffix(":latest").unwrap_or(name).to_string();
+        let b: model_types::ShowRequest = model_types::read(&bytes)?;
+        let name = model_types::model_of(b.model, b.name)?;
+        let id = name.strip_suffix(":latest").unwrap_or(&name).to_string();
         let engine = app.engine.clone();
         let info = tokio::task::spawn_blocking(move || engine.model_info(&id))
             .await
