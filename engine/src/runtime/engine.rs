@@ -279,6 +279,10 @@ impl Engine {
             Ok(info)
         })?;
         engine.publish(engine.capped(info));
+        engine.mlx.run(|_| {
+            super::worker::release_freed_memory();
+            Ok(())
+        })?;
         Ok(engine)
     }
 
@@ -589,6 +593,12 @@ impl Engine {
             .map_err(|_| EngineError::Internal("loading failed on the MLX thread".into()))??;
         let loaded = self.capped(ModelInfo { id: id.to_string(), ..loaded });
         self.publish(loaded);
+        // The probe's tokenizer is dropped with `known`'s old entry: hand back what the load
+        // left free (before the warmup's first task on the MLX thread).
+        drop(self.mlx.submit(|_| {
+            super::worker::release_freed_memory();
+            Ok(())
+        }));
         drop(loading);
         // Leased from publication through the warmup (docs/runtime.md §3).
         let warm_lease = self.leases.acquire(id);

@@ -264,8 +264,10 @@ fn submit<T: Send + 'static>(
 
 /// Hand memory freed by an unloaded model back to the system: MLX keeps freed buffers in its
 /// cache, and glibc keeps freed heap pages in the arena of the thread that used them (each
-/// restarted engine has a new MLX thread, so nothing would reuse them).
-fn release_freed_memory() {
+/// restarted engine has a new MLX thread, so nothing would reuse them). After a load too:
+/// parsing tokenizer.json and the model's config, and the tokenizer a probe read before the
+/// load, leave tens of megabytes free that the process would otherwise keep resident.
+pub(crate) fn release_freed_memory() {
     let _ = mlx_rs::memory::clear_cache();
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only returns free pages to the kernel.

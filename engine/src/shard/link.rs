@@ -21,6 +21,10 @@ use crate::model::ModelConfig;
 use crate::platform::ComputeDtype;
 use crate::sync::LockExt;
 
+/// How much stored weight rank 0's tokenizer (with the server and runtime beside it) weighs
+/// in the plan, per byte of tokenizer.json (see `Link::form`).
+const RANK0_TOKENIZER_WEIGHT: u64 = 8;
+
 /// The version of the messages; a rank speaking another refuses the hello.
 pub const WIRE_VERSION: i32 = 1;
 
@@ -76,8 +80,16 @@ impl Link {
             .collect();
         let extra = weights.stored_bytes(|_| true) - layer_bytes.iter().sum::<u64>();
         drop(weights);
+        // Rank 0 alone also holds the tokenizer, the server and the runtime. Measured here
+        // (scripts/bench-shard, Qwen2.5-Coder 0.5B, 2 ranks holding 1,268 and 1,253 MB of
+        // stored weights): rank 0 resident 559-564 MiB, rank 1 529 MiB. Host copies keep
+        // about 1/3 of the stored f32 bytes, so those ~30 MiB weigh as ~90 MB of stored
+        // weights: about 8x Qwen2.5's tokenizer.json (11.4 MB), the part that grows with
+        // the model's vocabulary. Charged to rank 0 so the plan balances resident memory.
+        let tokenizer = std::fs::metadata(dir.join("tokenizer.json")).map_or(0, |m| m.len());
+        let plan_extra = extra + RANK0_TOKENIZER_WEIGHT * tokenizer;
         let group = Group::form(&config.hostfile, 0, config.join_timeout).map_err(shard)?;
-        let plan = Plan::balance(&layer_bytes, extra, group.size).map_err(shard)?;
+        let plan = Plan::balance(&layer_bytes, plan_extra, group.size).map_err(shard)?;
         let mut hello = vec![WIRE_VERSION];
         hello.extend(fingerprint(dir).map_err(shard)?);
         hello.push(plan.starts.len() as i32);
