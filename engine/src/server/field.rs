@@ -332,14 +332,47 @@ described! {
     ]};
 }
 
-/// A body type's OpenAPI 3.0 schema, generated from it.
-pub fn schema_of<T: JsonSchema>() -> Value {
-    let s =
+/// A body type's OpenAPI 3.0 schema, generated from it once per process.
+pub fn schema_for<T: JsonSchema + 'static>() -> &'static Value {
+    static SCHEMAS: std::sync::Mutex<Vec<(std::any::TypeId, &'static Value)>> =
+        std::sync::Mutex::new(Vec::new());
+    let id = std::any::TypeId::of::<T>();
+    let mut known = SCHEMAS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, s)) = known.iter().find(|(t, _)| *t == id) {
+        return s;
+    }
+    let generated =
         schemars::generate::SchemaSettings::openapi3().into_generator().into_root_schema_for::<T>();
-    let mut v = s.to_value();
+    let mut v = generated.to_value();
     if let Some(o) = v.as_object_mut() {
         o.remove("$schema");
         o.remove("title");
     }
-    v
+    // A handful of body types, each leaked once: they live as long as the process.
+    let s: &'static Value = Box::leak(Box::new(v));
+    known.push((id, s));
+    s
+}
+
+/// The check every typed body gets before it is read: a field `refused` names (even `null`,
+/// where a protocol says so) is its 400; any other field the type's `schema` does not declare
+/// is `unknown`'s 400 unless it is `null`, which counts as absent. Then the `null` fields
+/// leave the map.
+pub fn check_fields(
+    map: &mut Map<String, Value>,
+    schema: &Value,
+    refused: impl Fn(&str, &Value) -> Option<ApiError>,
+    unknown: impl Fn(&str) -> ApiError,
+) -> Result<(), ApiError> {
+    let declared = schema["properties"].as_object();
+    for (key, v) in map.iter() {
+        if let Some(e) = refused(key, v) {
+            return Err(e);
+        }
+        if !v.is_null() && !declared.is_some_and(|d| d.contains_key(key)) {
+            return Err(unknown(key));
+        }
+    }
+    map.retain(|_, v| !v.is_null());
+    Ok(())
 }

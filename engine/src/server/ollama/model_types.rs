@@ -1,8 +1,6 @@
 //! The bodies of Ollama's model routes, `/api/show`, `/api/pull` and `/api/delete`, as Rust
 //! types: their field checks and `/openapi.json`'s schemas are read from them.
 
-use std::sync::OnceLock;
-
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -52,16 +50,17 @@ pub struct DeleteRequest {
 
 /// A body read as `T`: a field `T` does not declare is refused by name, then each field's
 /// type is checked. `null` counts as absent.
-pub fn read<T: DeserializeOwned + JsonSchema>(bytes: &[u8]) -> Result<T, ApiError> {
+pub fn read<T: DeserializeOwned + JsonSchema + 'static>(bytes: &[u8]) -> Result<T, ApiError> {
     let mut map = body::object(bytes)?;
-    map.retain(|_, v| !v.is_null());
-    let schema = field::schema_of::<T>();
-    if let Some(k) =
-        map.keys().find(|k| !schema["properties"].as_object().is_some_and(|p| p.contains_key(*k)))
-    {
-        return Err(ApiError::invalid(k, format!("`{k}` is not a field Perch reads here"))
-            .code("unknown_parameter"));
-    }
+    field::check_fields(
+        &mut map,
+        field::schema_for::<T>(),
+        |_, _| None,
+        |k| {
+            ApiError::invalid(k, format!("`{k}` is not a field Perch reads here"))
+                .code("unknown_parameter")
+        },
+    )?;
     field::typed_fields(map, Words::OpenAi)
 }
 
@@ -78,12 +77,9 @@ pub fn model_of(model: Option<Text>, name: Option<Text>) -> Result<String, ApiEr
 
 /// `/openapi.json`'s names for the bodies, with their schemas.
 pub fn schemas() -> [(&'static str, &'static Value); 3] {
-    static SHOW: OnceLock<Value> = OnceLock::new();
-    static PULL: OnceLock<Value> = OnceLock::new();
-    static DELETE: OnceLock<Value> = OnceLock::new();
     [
-        ("OllamaShowRequest", SHOW.get_or_init(field::schema_of::<ShowRequest>)),
-        ("OllamaPullRequest", PULL.get_or_init(field::schema_of::<PullRequest>)),
-        ("OllamaDeleteRequest", DELETE.get_or_init(field::schema_of::<DeleteRequest>)),
+        ("OllamaShowRequest", field::schema_for::<ShowRequest>()),
+        ("OllamaPullRequest", field::schema_for::<PullRequest>()),
+        ("OllamaDeleteRequest", field::schema_for::<DeleteRequest>()),
     ]
 }

@@ -2,8 +2,6 @@
 //! the one place their fields are declared. The field check and `/openapi.json`'s
 //! `MessagesRequest` and `CountTokensRequest` are read from them.
 
-use std::sync::OnceLock;
-
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -118,32 +116,24 @@ pub const REFUSED: &[(&str, &str)] = &[
     ("inference_geo", "inference regions do not apply to a local server"),
 ];
 
-/// Every field of `map` is one the endpoint's type declares, or a 400 naming it; fields sent
-/// as `null` then leave the map (they count as absent).
+/// Every field of `map` is one the endpoint's type declares, or a 400 naming it (a refused
+/// one even as `null`); fields sent as `null` then leave the map (they count as absent).
 pub fn check(endpoint: Endpoint, map: &mut Map<String, Value>) -> Result<(), ApiError> {
-    let declared = schema(endpoint)["properties"].as_object();
-    for (key, v) in map.iter() {
-        if let Some((_, why)) = REFUSED.iter().find(|(k, _)| k == key) {
-            return Err(
-                ApiError::invalid(key, format!("{key}: {why}")).code("unsupported_parameter")
-            );
-        }
-        if !v.is_null() && !declared.is_some_and(|d| d.contains_key(key)) {
-            return Err(ApiError::invalid(key, format!("{key}: Extra inputs are not permitted"))
-                .code("unknown_parameter"));
-        }
-    }
-    map.retain(|_, v| !v.is_null());
-    Ok(())
+    let refused = |key: &str, _: &Value| {
+        let (_, why) = REFUSED.iter().find(|(k, _)| *k == key)?;
+        Some(ApiError::invalid(key, format!("{key}: {why}")).code("unsupported_parameter"))
+    };
+    field::check_fields(map, schema(endpoint), refused, |key| {
+        ApiError::invalid(key, format!("{key}: Extra inputs are not permitted"))
+            .code("unknown_parameter")
+    })
 }
 
 /// The endpoint's body as an OpenAPI 3.0 schema, generated from its type.
 pub fn schema(endpoint: Endpoint) -> &'static Value {
-    static MESSAGES: OnceLock<Value> = OnceLock::new();
-    static COUNT: OnceLock<Value> = OnceLock::new();
     match endpoint {
-        Endpoint::Messages => MESSAGES.get_or_init(field::schema_of::<MessagesRequest>),
-        Endpoint::CountTokens => COUNT.get_or_init(field::schema_of::<CountTokensRequest>),
+        Endpoint::Messages => field::schema_for::<MessagesRequest>(),
+        Endpoint::CountTokens => field::schema_for::<CountTokensRequest>(),
     }
 }
 

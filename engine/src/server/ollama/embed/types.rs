@@ -2,8 +2,6 @@
 //! place their fields are declared. The field check, `/openapi.json`'s `OllamaEmbedRequest`
 //! and `OllamaEmbeddingsRequest`, and docs/embeddings.md's table are read from them.
 
-use std::sync::OnceLock;
-
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -54,22 +52,22 @@ pub struct EmbeddingsRequest {
 /// Every field of `map` is one the route's type declares, or a 400 naming it; fields sent as
 /// `null` then leave the map (they count as absent).
 pub fn check(which: Which, map: &mut Map<String, Value>) -> Result<(), ApiError> {
-    let declared = schema(which)["properties"].as_object();
-    if let Some(k) = map.keys().find(|k| !declared.is_some_and(|d| d.contains_key(*k))) {
-        return Err(ApiError::invalid(k, format!("`{k}` is not a field Perch reads here"))
-            .code("unknown_parameter"));
-    }
-    map.retain(|_, v| !v.is_null());
-    Ok(())
+    field::check_fields(
+        map,
+        schema(which),
+        |_, _| None,
+        |k| {
+            ApiError::invalid(k, format!("`{k}` is not a field Perch reads here"))
+                .code("unknown_parameter")
+        },
+    )
 }
 
 /// The route's body as an OpenAPI 3.0 schema, generated from its type.
 pub fn schema(which: Which) -> &'static Value {
-    static EMBED: OnceLock<Value> = OnceLock::new();
-    static LEGACY: OnceLock<Value> = OnceLock::new();
     match which {
-        Which::Embed => EMBED.get_or_init(field::schema_of::<EmbedRequest>),
-        Which::Legacy => LEGACY.get_or_init(field::schema_of::<EmbeddingsRequest>),
+        Which::Embed => field::schema_for::<EmbedRequest>(),
+        Which::Legacy => field::schema_for::<EmbeddingsRequest>(),
     }
 }
 

@@ -3,8 +3,6 @@
 //! `OllamaChatRequest` and `OllamaGenerateRequest`, and docs/ollama.md's tables are read from
 //! them.
 
-use std::sync::OnceLock;
-
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -145,34 +143,32 @@ pub struct Options {
 /// Every field of `map` is one the endpoint's type declares, or a 400 naming it; fields sent
 /// as `null` then leave the map (they count as absent).
 pub fn check(endpoint: Endpoint, map: &mut Map<String, Value>) -> Result<(), ApiError> {
-    let declared = schema(endpoint)["properties"].as_object();
-    for (k, v) in map.iter() {
-        if !v.is_null() && !declared.is_some_and(|d| d.contains_key(k)) {
-            return Err(ApiError::invalid(k, format!("`{k}` is not a field Perch reads here"))
-                .code("unknown_parameter"));
-        }
-    }
-    map.retain(|_, v| !v.is_null());
-    Ok(())
+    field::check_fields(
+        map,
+        schema(endpoint),
+        |_, _| None,
+        |k| {
+            ApiError::invalid(k, format!("`{k}` is not a field Perch reads here"))
+                .code("unknown_parameter")
+        },
+    )
 }
 
-/// Every option in `options` is one `Options` declares, or a 400 naming it (`options.mirostat`);
-/// options sent as `null` then leave it.
+/// Every option in `options` is one `Options` declares, or a 400 naming it
+/// (`options.mirostat`); options sent as `null` then leave it.
 pub fn check_options(options: &mut Map<String, Value>) -> Result<(), ApiError> {
-    let declared = options_schema()["properties"].as_object();
-    for (k, v) in options.iter() {
-        if !v.is_null() && !declared.is_some_and(|d| d.contains_key(k)) {
-            return Err(ApiError::invalid(
-                &format!("options.{k}"),
-                format!(
-                    "`options.{k}` is not supported (see docs/ollama.md for the options Perch reads)"
-                ),
-            )
-            .code("unsupported_parameter"));
-        }
-    }
-    options.retain(|_, v| !v.is_null());
-    Ok(())
+    field::check_fields(
+        options,
+        options_schema(),
+        |_, _| None,
+        |k| {
+            ApiError::invalid(
+            &format!("options.{k}"),
+            format!("`options.{k}` is not supported (see docs/ollama.md for the options Perch reads)"),
+        )
+        .code("unsupported_parameter")
+        },
+    )
 }
 
 /// The options accepted and ignored on purpose (hardware and memory hints); `/api/embed`
@@ -184,17 +180,14 @@ pub fn hints() -> impl Iterator<Item = &'static str> {
 
 /// The endpoint's body as an OpenAPI 3.0 schema, generated from its type.
 pub fn schema(endpoint: Endpoint) -> &'static Value {
-    static CHAT: OnceLock<Value> = OnceLock::new();
-    static GENERATE: OnceLock<Value> = OnceLock::new();
     match endpoint {
-        Endpoint::Chat => CHAT.get_or_init(field::schema_of::<ChatRequest>),
-        Endpoint::Generate => GENERATE.get_or_init(field::schema_of::<GenerateRequest>),
+        Endpoint::Chat => field::schema_for::<ChatRequest>(),
+        Endpoint::Generate => field::schema_for::<GenerateRequest>(),
     }
 }
 
 fn options_schema() -> &'static Value {
-    static OPTIONS: OnceLock<Value> = OnceLock::new();
-    OPTIONS.get_or_init(field::schema_of::<Options>)
+    field::schema_for::<Options>()
 }
 
 /// `/openapi.json`'s names for the bodies, with their schemas.

@@ -2,8 +2,6 @@
 //! field check, `/openapi.json`'s `EmbeddingRequest` and docs/embeddings.md's table are read
 //! from it.
 
-use std::sync::OnceLock;
-
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -40,19 +38,20 @@ pub struct EmbeddingRequest {
 /// Every field of `map` is one the type declares, or a 400 naming it; fields sent as `null`
 /// then leave the map (they count as absent).
 pub fn check(map: &mut Map<String, Value>) -> Result<(), ApiError> {
-    let declared = schema()["properties"].as_object();
-    if let Some(k) = map.keys().find(|k| !declared.is_some_and(|d| d.contains_key(*k))) {
-        return Err(ApiError::invalid(k, format!("unknown field `{k}` for /v1/embeddings"))
-            .code("unknown_parameter"));
-    }
-    map.retain(|_, v| !v.is_null());
-    Ok(())
+    field::check_fields(
+        map,
+        schema(),
+        |_, _| None,
+        |k| {
+            ApiError::invalid(k, format!("unknown field `{k}` for /v1/embeddings"))
+                .code("unknown_parameter")
+        },
+    )
 }
 
 /// The body as an OpenAPI 3.0 schema, generated from its type.
 pub fn schema() -> &'static Value {
-    static SCHEMA: OnceLock<Value> = OnceLock::new();
-    SCHEMA.get_or_init(field::schema_of::<EmbeddingRequest>)
+    field::schema_for::<EmbeddingRequest>()
 }
 
 /// docs/embeddings.md's table for this route (kept in step by a test).

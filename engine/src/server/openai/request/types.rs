@@ -3,8 +3,6 @@
 //! `CompletionRequest`, and the field tables of docs/api-fields.md are all read from these
 //! types, so a new field is one line here (plus the code that honours it).
 
-use std::sync::OnceLock;
-
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -134,51 +132,32 @@ pub const REFUSED: &[(&str, Option<Endpoint>, &str)] = &[
 ];
 
 /// Every field of `map` is one the endpoint's type declares, or a 400 naming it: refused
-/// fields with their reason, others as unknown. `null` counts as absent, so a field sent as
-/// `null` leaves the map (a refused one too: it asks for nothing).
+/// fields with their reason, others as unknown. `null` counts as absent (a refused field
+/// too: it asks for nothing), and such fields leave the map.
 pub fn check(endpoint: Endpoint, map: &mut Map<String, Value>) -> Result<(), ApiError> {
-    let declared = fields(endpoint);
-    for (key, v) in map.iter() {
-        if v.is_null() {
-            continue;
-        }
-        if let Some((_, _, why)) =
-            REFUSED.iter().find(|(k, e, _)| k == key && e.is_none_or(|e| e == endpoint))
-        {
-            return Err(ApiError::invalid(key, *why).code("unsupported_parameter"));
-        }
-        if !declared.iter().any(|f| f == key) {
-            return Err(ApiError::invalid(
-                key,
-                format!("Unrecognized request argument supplied: {key}"),
-            )
-            .code("unknown_parameter"));
-        }
-    }
-    map.retain(|_, v| !v.is_null());
-    Ok(())
+    let refused = |key: &str, v: &Value| {
+        let (_, _, why) = REFUSED
+            .iter()
+            .find(|(k, e, _)| *k == key && !v.is_null() && e.is_none_or(|e| e == endpoint))?;
+        Some(ApiError::invalid(key, *why).code("unsupported_parameter"))
+    };
+    field::check_fields(map, schema(endpoint), refused, |key| {
+        ApiError::invalid(key, format!("Unrecognized request argument supplied: {key}"))
+            .code("unknown_parameter")
+    })
 }
 
 /// The endpoint's body as an OpenAPI 3.0 schema, generated from its type.
 pub fn schema(endpoint: Endpoint) -> &'static Value {
-    static CHAT: OnceLock<Value> = OnceLock::new();
-    static COMPLETION: OnceLock<Value> = OnceLock::new();
     match endpoint {
-        Endpoint::Chat => CHAT.get_or_init(field::schema_of::<ChatRequest>),
-        Endpoint::Completion => COMPLETION.get_or_init(field::schema_of::<CompletionRequest>),
+        Endpoint::Chat => field::schema_for::<ChatRequest>(),
+        Endpoint::Completion => field::schema_for::<CompletionRequest>(),
     }
 }
 
 /// `/openapi.json`'s names for the bodies, with their schemas.
 pub fn schemas() -> [(&'static str, &'static Value); 2] {
     [("ChatRequest", schema(Endpoint::Chat)), ("CompletionRequest", schema(Endpoint::Completion))]
-}
-
-/// The fields the endpoint's type declares, in their order.
-pub fn fields(endpoint: Endpoint) -> Vec<&'static str> {
-    schema(endpoint)["properties"]
-        .as_object()
-        .map_or(vec![], |p| p.keys().map(|k| k.as_str()).collect::<Vec<_>>())
 }
 
 /// docs/api-fields.md's tables, generated from the types (kept in step by a test).
@@ -265,7 +244,7 @@ mod tests {
         assert_eq!(p["n"]["enum"], json!([1]));
         assert_eq!(p["temperature"]["nullable"], true);
         assert_eq!(s["required"], json!(["model", "messages"]));
-        assert!(fields(Endpoint::Completion).contains(&"prompt"));
-        assert!(!fields(Endpoint::Completion).contains(&"messages"));
+        let completion = &schema(Endpoint::Completion)["properties"];
+        assert!(completion.get("prompt").is_some() && completion.get("messages").is_none());
     }
 }

@@ -2,8 +2,6 @@
 //! field check, `/openapi.json`'s `ResponsesRequest` and docs/responses.md's tables are read
 //! from it.
 
-use std::sync::OnceLock;
-
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -97,26 +95,21 @@ pub const REFUSED: &[(&str, &str)] = &[
 ];
 
 /// Every field of `map` is one the type declares, or a 400 naming it; fields sent as `null`
-/// then leave the map (they count as absent).
+/// then leave the map (they count as absent; a refused one too: it asks for nothing).
 pub fn check(map: &mut Map<String, Value>) -> Result<(), ApiError> {
-    let declared = schema()["properties"].as_object();
-    for (k, _) in map.iter().filter(|(_, v)| !v.is_null()) {
-        if let Some((_, why)) = REFUSED.iter().find(|(r, _)| r == k) {
-            return Err(ApiError::invalid(k, format!("`{k}`: {why}")).code("unsupported_parameter"));
-        }
-        if !declared.is_some_and(|d| d.contains_key(k)) {
-            return Err(ApiError::invalid(k, format!("`{k}` is not a field of /v1/responses"))
-                .code("unknown_parameter"));
-        }
-    }
-    map.retain(|_, v| !v.is_null());
-    Ok(())
+    let refused = |k: &str, v: &Value| {
+        let (_, why) = REFUSED.iter().find(|(r, _)| *r == k && !v.is_null())?;
+        Some(ApiError::invalid(k, format!("`{k}`: {why}")).code("unsupported_parameter"))
+    };
+    field::check_fields(map, schema(), refused, |k| {
+        ApiError::invalid(k, format!("`{k}` is not a field of /v1/responses"))
+            .code("unknown_parameter")
+    })
 }
 
 /// The body as an OpenAPI 3.0 schema, generated from its type.
 pub fn schema() -> &'static Value {
-    static SCHEMA: OnceLock<Value> = OnceLock::new();
-    SCHEMA.get_or_init(field::schema_of::<ResponsesRequest>)
+    field::schema_for::<ResponsesRequest>()
 }
 
 /// docs/responses.md's tables, generated from the type (kept in step by a test).
