@@ -214,10 +214,26 @@ fn request(
     let stop = stop(b.stop.as_ref())?;
     let include_usage = match &b.stream_options {
         None => false,
-        Some(Value::Object(o)) => Body(o)
-            .boolean("include_usage")
-            .map_err(|e| ApiError { param: Some("stream_options.include_usage".into()), ..e })?
-            .unwrap_or(false),
+        Some(Value::Object(o)) => {
+            // `include_obfuscation` pads events against a network observer: loopback has
+            // none, so it is accepted and adds nothing. Anything else is named, not ignored.
+            if let Some(k) =
+                o.keys().find(|k| !["include_usage", "include_obfuscation"].contains(&k.as_str()))
+            {
+                return Err(ApiError::invalid(
+                    &format!("stream_options.{k}"),
+                    format!("`stream_options.{k}` is not supported (include_usage and include_obfuscation are)"),
+                )
+                .code("unknown_parameter"));
+            }
+            let flag = |k: &str| {
+                Body(o)
+                    .boolean(k)
+                    .map_err(|e| ApiError { param: Some(format!("stream_options.{k}")), ..e })
+            };
+            flag("include_obfuscation")?;
+            flag("include_usage")?.unwrap_or(false)
+        }
         Some(v) => return Err(body::wrong_type("stream_options", "an object", v)),
     };
     let keep_alive = b

@@ -27,6 +27,8 @@ fn each_bad_field_is_named() {
         (r#","top_logprobs":3"#, "top_logprobs"),
         (r#","response_format":{"type":"xml"}"#, "response_format"),
         (r#","stream_options":{"include_usage":1}"#, "stream_options.include_usage"),
+        (r#","stream_options":{"include_usage":true,"chunk_size":4}"#, "stream_options.chunk_size"),
+        (r#","stream_options":{"include_obfuscation":"no"}"#, "stream_options.include_obfuscation"),
     ] {
         let e = err(Endpoint::Chat, &chat(extra));
         assert_eq!(
@@ -58,6 +60,9 @@ fn each_bad_field_is_named() {
         err(Endpoint::Completion, r#"{"model":"m","prompt":"x","logprobs":9}"#).param.as_deref(),
         Some("logprobs")
     );
+    // Obfuscation has nothing to pad on loopback: accepted, and changes nothing.
+    let ok = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true,"include_obfuscation":false}}"#;
+    assert!(parse(Endpoint::Chat, ok.as_bytes()).is_ok_and(|r| r.include_usage));
     assert_eq!(err(Endpoint::Chat, "{not json").code, Some("invalid_json"));
     assert_eq!(err(Endpoint::Chat, "[1,2]").param.as_deref(), Some("body"));
 }

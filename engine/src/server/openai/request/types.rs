@@ -41,7 +41,8 @@ macro_rules! completions_body {
             pub n: Option<Int>,
             pub stop: Option<Json<Stop>>,
             pub stream: Option<Flag>,
-            /// `include_usage`: a last chunk with the usage.
+            /// `include_usage`: a last chunk with the usage; `include_obfuscation` is accepted and
+            /// adds nothing (loopback has no observer to pad against); any other key is refused.
             pub stream_options: Option<Json<StreamOptions>>,
             /// Token id → bias from -100 to 100, added to the logits.
             pub logit_bias: Option<Json<LogitBias>>,
@@ -181,7 +182,8 @@ field::described! {
         {"type": "string"},
         {"type": "array", "items": {"type": "string"}, "maxItems": super::MAX_STOPS}
     ]};
-    StreamOptions => {"type": "object", "properties": {"include_usage": {"type": "boolean"}}};
+    StreamOptions => {"type": "object", "additionalProperties": false, "properties": {
+        "include_usage": {"type": "boolean"}, "include_obfuscation": {"type": "boolean"}}};
     LogitBias => {"type": "object", "maxProperties": 1024,
         "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}};
     Messages => {"type": "array", "minItems": 1, "items": {
